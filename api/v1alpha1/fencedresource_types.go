@@ -1,0 +1,282 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// EnforcementMode says what the admission webhook does with a write that fails the fence checks.
+// +kubebuilder:validation:Enum=Shadow;Enforce
+type EnforcementMode string
+
+const (
+	// EnforcementShadow allows the write and returns a "would deny" warning.
+	EnforcementShadow EnforcementMode = "Shadow"
+	// EnforcementEnforce denies the write.
+	EnforcementEnforce EnforcementMode = "Enforce"
+)
+
+// Condition types of a FencedResource.
+const (
+	// ConditionReady is True when the issuer can issue grants for the resource.
+	ConditionReady = "Ready"
+	// ConditionHeld is True while a grant is held.
+	ConditionHeld = "Held"
+	// ConditionFenceRegression is True when the registry went behind the fence seen at the target.
+	ConditionFenceRegression = "FenceRegression"
+	// ConditionReconciliationRequired is True when a mutation outcome could not be determined.
+	ConditionReconciliationRequired = "ReconciliationRequired"
+)
+
+// Condition reasons of a FencedResource.
+const (
+	ReasonIssuing          = "Issuing"
+	ReasonEpochRevoked     = "IssuerEpochRevoked"
+	ReasonHolderActive     = "GrantHeld"
+	ReasonNoHolder         = "NoHolder"
+	ReasonNoRegression     = "NoRegression"
+	ReasonRegressionFound  = "RegistryBehindTarget"
+	ReasonNothingUnknown   = "NoUnknownOutcomes"
+	ReasonUnknownOutcomes  = "UnknownOutcomes"
+	ReasonTargetUnprotected = "TargetUnprotected"
+)
+
+// ObjectTarget names the in-cluster object, in the FencedResource's namespace, that the entry protects.
+type ObjectTarget struct {
+	// apiVersion of the protected object, e.g. "v1" or "billing.example.com/v1".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	APIVersion string `json:"apiVersion"`
+	// kind of the protected object, e.g. "ConfigMap".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Kind string `json:"kind"`
+	// name of the protected object.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// FencedResourceSpec is the registry policy of one resource.
+// +kubebuilder:validation:XValidation:rule="has(self.target) == has(oldSelf.target)",message="target is immutable"
+type FencedResourceSpec struct {
+	// resourceID is the canonical resource ID bound into every grant, e.g. "invoice-batch/2026-07-19".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resourceID is immutable"
+	ResourceID string `json:"resourceID"`
+
+	// target is the object this entry protects; it lives in the same namespace.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="target is immutable"
+	Target *ObjectTarget `json:"target,omitempty"`
+
+	// leaseDurationSeconds is the server-side TTL of grants, judged by the issuer's clock.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	LeaseDurationSeconds int32 `json:"leaseDurationSeconds"`
+
+	// allowedOwners lists the identities (Kubernetes usernames) that may claim the resource; empty allows any authenticated user.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	AllowedOwners []string `json:"allowedOwners,omitempty"`
+
+	// operationCategories lists the allowed operationCategory values; empty allows any.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	OperationCategories []string `json:"operationCategories,omitempty"`
+
+	// enforcement is Shadow (warn) or Enforce (deny). Shadow may become Enforce; Enforce never goes back.
+	// +optional
+	// +kubebuilder:default=Shadow
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf || oldSelf == 'Shadow'",message="enforcement may go from Shadow to Enforce only: resource-side validation is never disabled once enforced"
+	Enforcement EnforcementMode `json:"enforcement,omitempty"`
+
+	// fenceFloor makes the next fence issued greater than max(status.fenceToken, fenceFloor).
+	// It may only grow; raising it is the controlled way out of a fence regression or a trust-bundle rotation.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fenceFloor may only grow"
+	FenceFloor int64 `json:"fenceFloor,omitempty"`
+}
+
+// Holder is the registry's record of the current grant. It is the source of
+// truth: the grant document, digest and proof are written here in the same
+// compare-and-swap that allocates the fence, and LockGrant status mirrors it.
+type Holder struct {
+	// grantName is the LockGrant that holds the resource.
+	// +required
+	GrantName string `json:"grantName"`
+	// grantUID is that LockGrant's UID, so a re-created object of the same name is not mistaken for the holder.
+	// +required
+	GrantUID string `json:"grantUID"`
+	// owner is the holder's identity.
+	// +required
+	Owner string `json:"owner"`
+	// lease is the holder's session ID.
+	// +required
+	Lease string `json:"lease"`
+	// requestID is the holder's idempotency key.
+	// +required
+	RequestID string `json:"requestID"`
+	// fenceToken is the fence issued to the holder.
+	// +required
+	FenceToken int64 `json:"fenceToken"`
+	// operationRoot is the holder's planned operation, sha256:<hex>.
+	// +required
+	OperationRoot string `json:"operationRoot"`
+	// operationCategory is the holder's operation category.
+	// +optional
+	OperationCategory string `json:"operationCategory,omitempty"`
+	// issuerEpoch is the epoch the grant was issued under.
+	// +required
+	IssuerEpoch int64 `json:"issuerEpoch"`
+	// policyGeneration is metadata.generation at issue time.
+	// +required
+	PolicyGeneration int64 `json:"policyGeneration"`
+	// backendRevision is the registry revision the allocation was conditioned on.
+	// +required
+	BackendRevision string `json:"backendRevision"`
+	// ttlSeconds is the lease duration signed into the grant.
+	// +required
+	TTLSeconds int64 `json:"ttlSeconds"`
+	// issuedAt is the issue time exactly as signed (RFC 3339).
+	// +required
+	IssuedAt string `json:"issuedAt"`
+	// expiresAt is when the grant expires on the issuer's clock unless renewed.
+	// +required
+	ExpiresAt metav1.MicroTime `json:"expiresAt"`
+	// observedRenewals is the LockGrant spec.renewals value last applied.
+	// +optional
+	ObservedRenewals int64 `json:"observedRenewals,omitempty"`
+	// digest is the grant's sha256 digest.
+	// +required
+	Digest string `json:"digest"`
+	// proof is the issuer's Ed25519 signature over the digest.
+	// +required
+	Proof string `json:"proof"`
+}
+
+// QueuedGrant is one waiter in the FIFO queue.
+type QueuedGrant struct {
+	// grantName is the waiting LockGrant.
+	// +required
+	GrantName string `json:"grantName"`
+	// owner is the waiter's identity.
+	// +required
+	Owner string `json:"owner"`
+}
+
+// QuarantineRecord is one quarantined write attempt (same segment, different payload).
+type QuarantineRecord struct {
+	// time the attempt was seen.
+	// +required
+	Time metav1.Time `json:"time"`
+	// user who made the attempt.
+	// +required
+	User string `json:"user"`
+	// fence of the attempt.
+	// +required
+	Fence int64 `json:"fence"`
+	// segment of the attempt.
+	// +required
+	Segment int64 `json:"segment"`
+	// operation of the attempt.
+	// +optional
+	Operation string `json:"operation,omitempty"`
+	// payload digest of the attempt.
+	// +required
+	Payload string `json:"payload"`
+	// acceptedPayload is the digest accepted earlier for the same segment.
+	// +optional
+	AcceptedPayload string `json:"acceptedPayload,omitempty"`
+}
+
+// MaxQueueLength bounds status.queue; waiters beyond it stay Pending until there is room.
+const MaxQueueLength = 256
+
+// FencedResourceStatus is the registry state of the resource.
+type FencedResourceStatus struct {
+	// fenceToken is the highest fence ever issued for the resource; it never decreases.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fenceToken never decreases"
+	FenceToken int64 `json:"fenceToken,omitempty"`
+	// holder is the current grant, if any.
+	// +optional
+	Holder *Holder `json:"holder,omitempty"`
+	// queue lists the waiting LockGrants in arrival order.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=256
+	Queue []QueuedGrant `json:"queue,omitempty"`
+	// backendRevision is the registry revision the last fence allocation was conditioned on.
+	// +optional
+	BackendRevision string `json:"backendRevision,omitempty"`
+	// policyGeneration is the metadata.generation the status was computed from.
+	// +optional
+	PolicyGeneration int64 `json:"policyGeneration,omitempty"`
+	// issuerEpoch is the highest issuer epoch that wrote this status.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="issuerEpoch never decreases"
+	IssuerEpoch int64 `json:"issuerEpoch,omitempty"`
+	// highestObservedFence is the highest fence seen at the target.
+	// +optional
+	HighestObservedFence int64 `json:"highestObservedFence,omitempty"`
+	// quarantine lists recent quarantined write attempts (newest last, bounded).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Quarantine []QuarantineRecord `json:"quarantine,omitempty"`
+	// conditions: Ready, Held, FenceRegression, ReconciliationRequired.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// FencedResource is the canonical registry entry of one protected resource:
+// its lease policy, its monotonic fence and its current holder.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=fr,categories=fencekeeper
+// +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resourceID`
+// +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.owner`
+// +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`
+// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.holder.expiresAt`
+// +kubebuilder:printcolumn:name="Enforcement",type=string,JSONPath=`.spec.enforcement`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type FencedResource struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the resource's lease policy.
+	// +required
+	Spec FencedResourceSpec `json:"spec"`
+	// status is the registry state.
+	// +optional
+	Status FencedResourceStatus `json:"status,omitempty"`
+}
+
+// FencedResourceList contains a list of FencedResource.
+// +kubebuilder:object:root=true
+type FencedResourceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []FencedResource `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&FencedResource{}, &FencedResourceList{})
+}

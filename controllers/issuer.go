@@ -1,0 +1,269 @@
+package controllers
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// Names of the operator's own objects in its namespace (fixed by DESIGN.md,
+// except the epoch record, which the design leaves to us).
+const (
+	DefaultNamespace   = "fencekeeper-system"
+	SigningKeySecret   = "fencekeeper-signing-key"
+	TrustBundleConfig  = "fencekeeper-trust-bundle"
+	IssuerEpochConfig  = "fencekeeper-issuer-epoch"
+	signingKeyIDKey    = "keyID"
+	signingKeySeedKey  = "ed25519.seed"
+	issuerEpochDataKey = "epoch"
+)
+
+// +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=secrets,verbs=get;create
+// +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=configmaps,verbs=get;list;watch;create;update
+
+// Issuer is the signing identity and epoch of this operator instance. It runs
+// as a leader-election runnable: on becoming leader it loads (or, on first
+// start, creates) the signing key and trust bundle, then increments the issuer
+// epoch by compare-and-swap. Reconcilers wait for it before issuing anything.
+type Issuer struct {
+	client    client.Client // writes
+	reader    client.Reader // uncached reads
+	namespace string
+	clock     clock.Clock
+	log       logr.Logger
+
+	ready  chan struct{}
+	resync chan event.GenericEvent
+
+	mu         sync.RWMutex
+	signer     *grant.Signer
+	bundle     *grant.TrustBundle
+	epoch      int64
+	takeoverAt time.Time
+}
+
+// NewIssuer returns an issuer that keeps its key, bundle and epoch in namespace.
+func NewIssuer(c client.Client, reader client.Reader, namespace string, clk clock.Clock, log logr.Logger) *Issuer {
+	return &Issuer{
+		client: c, reader: reader, namespace: namespace, clock: clk, log: log,
+		ready: make(chan struct{}), resync: make(chan event.GenericEvent, 1),
+	}
+}
+
+// NeedLeaderElection: only the leader issues, and taking the lead is what starts a new epoch.
+func (i *Issuer) NeedLeaderElection() bool { return true }
+
+// Start prepares the issuer and then waits for ctx to end.
+func (i *Issuer) Start(ctx context.Context) error {
+	signer, err := i.loadOrCreateKey(ctx)
+	if err != nil {
+		return err
+	}
+	bundle, err := i.loadOrCreateBundle(ctx, signer)
+	if err != nil {
+		return err
+	}
+	epoch, err := i.nextEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	i.mu.Lock()
+	i.signer, i.bundle, i.epoch, i.takeoverAt = signer, bundle, epoch, i.clock.Now()
+	i.mu.Unlock()
+	i.log.Info("issuer ready", "epoch", epoch, "keyID", signer.KeyID(), "revokedBelowEpoch", bundle.RevokedBelowEpoch)
+	close(i.ready)
+	<-ctx.Done()
+	return nil
+}
+
+// Wait blocks until the issuer is ready or ctx ends.
+func (i *Issuer) Wait(ctx context.Context) error {
+	select {
+	case <-i.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Ready reports whether Start finished; it backs the readiness probe of the leader.
+func (i *Issuer) Ready() bool {
+	select {
+	case <-i.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+type issuerState struct {
+	signer       *grant.Signer
+	epoch        int64
+	takeoverAt   time.Time
+	revokedBelow int64
+}
+
+func (i *Issuer) state() issuerState {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return issuerState{i.signer, i.epoch, i.takeoverAt, i.bundle.RevokedBelowEpoch}
+}
+
+// Epoch returns the current issuer epoch (0 before Start finished).
+func (i *Issuer) Epoch() int64 {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return i.epoch
+}
+
+// setBundle installs a new trust bundle and reports whether the revocation epoch changed.
+func (i *Issuer) setBundle(b *grant.TrustBundle) bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	changed := i.bundle == nil || i.bundle.RevokedBelowEpoch != b.RevokedBelowEpoch
+	i.bundle = b
+	return changed
+}
+
+// ResyncAll asks the issuing controller to reconcile every FencedResource now,
+// e.g. after the revocation epoch changed or, in tests, after a clock step.
+func (i *Issuer) ResyncAll() {
+	select {
+	case i.resync <- event.GenericEvent{Object: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "resync"}}}:
+	default: // one pending resync covers this one too
+	}
+}
+
+func (i *Issuer) key(name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: i.namespace, Name: name}
+}
+
+// loadOrCreateKey reads the signing key, creating it on first start. When two
+// instances start at once the second create fails and both use the first key.
+func (i *Issuer) loadOrCreateKey(ctx context.Context) (*grant.Signer, error) {
+	for attempt := 0; attempt < 3; attempt++ {
+		var sec corev1.Secret
+		err := i.reader.Get(ctx, i.key(SigningKeySecret), &sec)
+		if err == nil {
+			s, err := grant.NewSigner(string(sec.Data[signingKeyIDKey]), sec.Data[signingKeySeedKey])
+			if err != nil {
+				return nil, fmt.Errorf("secret %s/%s does not hold a usable signing key (%s, %s): %w",
+					i.namespace, SigningKeySecret, signingKeyIDKey, signingKeySeedKey, err)
+			}
+			return s, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("read signing key secret %s/%s: %w", i.namespace, SigningKeySecret, err)
+		}
+		s, err := grant.GenerateSigner(rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		sec = corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: SigningKeySecret,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
+			Type: corev1.SecretTypeOpaque,
+			Data: map[string][]byte{signingKeyIDKey: []byte(s.KeyID()), signingKeySeedKey: s.Seed()},
+		}
+		err = i.client.Create(ctx, &sec)
+		if err == nil {
+			i.log.Info("created signing key", "secret", SigningKeySecret, "keyID", s.KeyID())
+			return s, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create signing key secret %s/%s: %w", i.namespace, SigningKeySecret, err)
+		}
+	}
+	return nil, fmt.Errorf("signing key secret %s/%s keeps changing; giving up", i.namespace, SigningKeySecret)
+}
+
+// loadOrCreateBundle reads the trust bundle, creating it with the signing key
+// on first start. An existing bundle that does not trust the signing key is an
+// error: adding keys is a rotation, which is an audited change made by a human.
+func (i *Issuer) loadOrCreateBundle(ctx context.Context, s *grant.Signer) (*grant.TrustBundle, error) {
+	for attempt := 0; attempt < 3; attempt++ {
+		var cm corev1.ConfigMap
+		err := i.reader.Get(ctx, i.key(TrustBundleConfig), &cm)
+		if err == nil {
+			b, err := grant.ParseTrustBundle(cm.Data)
+			if err != nil {
+				return nil, fmt.Errorf("configmap %s/%s: %w", i.namespace, TrustBundleConfig, err)
+			}
+			if pub, ok := b.Keys[s.KeyID()]; !ok || !pub.Equal(s.PublicKey()) {
+				return nil, fmt.Errorf("trust bundle %s/%s does not contain signing key %q; add its public key through your key-rotation process",
+					i.namespace, TrustBundleConfig, s.KeyID())
+			}
+			return b, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("read trust bundle %s/%s: %w", i.namespace, TrustBundleConfig, err)
+		}
+		b := grant.NewTrustBundle(0, s)
+		cm = corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: TrustBundleConfig,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
+			Data: b.Data(),
+		}
+		err = i.client.Create(ctx, &cm)
+		if err == nil {
+			i.log.Info("created trust bundle", "configmap", TrustBundleConfig, "keyID", s.KeyID())
+			return b, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create trust bundle %s/%s: %w", i.namespace, TrustBundleConfig, err)
+		}
+	}
+	return nil, fmt.Errorf("trust bundle %s/%s keeps changing; giving up", i.namespace, TrustBundleConfig)
+}
+
+// nextEpoch increments the persisted issuer epoch by compare-and-swap and returns the new value.
+func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		var cm corev1.ConfigMap
+		err := i.reader.Get(ctx, i.key(IssuerEpochConfig), &cm)
+		switch {
+		case apierrors.IsNotFound(err):
+			cm = corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: IssuerEpochConfig,
+					Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
+				Data: map[string]string{issuerEpochDataKey: "1"},
+			}
+			if err := i.client.Create(ctx, &cm); err == nil {
+				return 1, nil
+			} else if !apierrors.IsAlreadyExists(err) {
+				return 0, fmt.Errorf("create issuer epoch %s/%s: %w", i.namespace, IssuerEpochConfig, err)
+			}
+		case err != nil:
+			return 0, fmt.Errorf("read issuer epoch %s/%s: %w", i.namespace, IssuerEpochConfig, err)
+		default:
+			cur, err := strconv.ParseInt(cm.Data[issuerEpochDataKey], 10, 64)
+			if err != nil || cur < 0 {
+				return 0, fmt.Errorf("configmap %s/%s: %s=%q is not a non-negative integer",
+					i.namespace, IssuerEpochConfig, issuerEpochDataKey, cm.Data[issuerEpochDataKey])
+			}
+			cm.Data[issuerEpochDataKey] = strconv.FormatInt(cur+1, 10)
+			if err := i.client.Update(ctx, &cm); err == nil { // resourceVersion precondition
+				return cur + 1, nil
+			} else if !apierrors.IsConflict(err) {
+				return 0, fmt.Errorf("increment issuer epoch %s/%s: %w", i.namespace, IssuerEpochConfig, err)
+			}
+		}
+	}
+}

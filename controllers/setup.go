@@ -1,0 +1,70 @@
+package controllers
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Options configure the issuing controllers.
+type Options struct {
+	// Namespace holds the signing key, trust bundle and epoch record.
+	Namespace string
+	// Clock is the issuer's clock; every expiry is judged by it.
+	Clock clock.Clock
+	// InstanceName, when set, suffixes controller names so several issuers can
+	// share one process (tests that race two issuers).
+	InstanceName string
+	// MaxConcurrentReconciles bounds how many FencedResources are decided at once.
+	MaxConcurrentReconciles int
+	// WrapClient, when set, wraps the issuing controller's client; tests use it
+	// to inject faults such as a crash between two writes.
+	WrapClient func(client.Client) client.Client
+}
+
+// Setup adds the issuer and its controllers to mgr and returns the issuer.
+func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	name := func(base string) string {
+		if o.InstanceName == "" {
+			return ""
+		}
+		return base + "-" + o.InstanceName
+	}
+	issuer := NewIssuer(mgr.GetClient(), mgr.GetAPIReader(), o.Namespace, o.Clock, mgr.GetLogger().WithName("issuer"))
+	c := mgr.GetClient()
+	if o.WrapClient != nil {
+		c = o.WrapClient(c)
+	}
+	if err := (&GrantIssuerReconciler{
+		Client: c, APIReader: mgr.GetAPIReader(), Issuer: issuer,
+		Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("grant-issuer"),
+		MaxConcurrentReconciles: o.MaxConcurrentReconciles,
+	}).SetupWithManager(ctx, mgr); err != nil {
+		return nil, err
+	}
+	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Issuer: issuer, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	return issuer, nil
+}
+
+// CacheOptions limits the cache to what the operator needs: ConfigMaps only in
+// its own namespace (the trust bundle), never cluster-wide.
+func CacheOptions(namespace string) cache.Options {
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+	}}
+}

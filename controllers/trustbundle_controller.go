@@ -1,0 +1,65 @@
+package controllers
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// TrustBundleReconciler follows the trust-bundle ConfigMap: when an operator
+// raises revokedBelowEpoch, every FencedResource is reconciled so that grants
+// issued under older epochs are revoked and their waiters served.
+type TrustBundleReconciler struct {
+	client.Client
+	Issuer *Issuer
+	Name   string
+}
+
+// SetupWithManager watches only the trust-bundle ConfigMap.
+func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	name := r.Name
+	if name == "" {
+		name = "trust-bundle"
+	}
+	isBundle := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == r.Issuer.namespace && o.GetName() == TrustBundleConfig
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(name).
+		For(&corev1.ConfigMap{}, builder.WithPredicates(isBundle)).
+		WithOptions(controllerOptions(r.Name != "")).
+		Complete(r)
+}
+
+// Reconcile loads the bundle into the issuer.
+func (r *TrustBundleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if err := r.Issuer.Wait(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	var cm corev1.ConfigMap
+	if err := r.Get(ctx, req.NamespacedName, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			ctrl.LoggerFrom(ctx).Error(err, "trust bundle deleted; keeping the last one loaded")
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	b, err := grant.ParseTrustBundle(cm.Data)
+	if err != nil {
+		// A broken bundle must not silently widen or narrow trust: keep the old one.
+		ctrl.LoggerFrom(ctx).Error(err, "trust bundle is invalid; keeping the last one loaded")
+		return ctrl.Result{}, nil
+	}
+	if r.Issuer.setBundle(b) {
+		ctrl.LoggerFrom(ctx).Info("revocation epoch changed", "revokedBelowEpoch", b.RevokedBelowEpoch)
+		r.Issuer.ResyncAll()
+	}
+	return ctrl.Result{}, nil
+}

@@ -1,0 +1,371 @@
+package envtest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+var _ = Describe("the lock registry", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	It("issues fence 1 first and exactly the previous fence + 1 to each later holder", func() {
+		newFencedResource(ns, "batch", 30)
+		for i := int64(1); i <= 5; i++ {
+			lg := request(ns, "batch", "worker-a", fmt.Sprintf("r%d", i))
+			held := waitPhase(lg, locksv1.PhaseHeld)
+			Expect(held.Status.Grant.FenceToken).To(Equal(i))
+			fr := getFR(ns, "batch")
+			Expect(fr.Status.FenceToken).To(Equal(i))
+			Expect(fr.Status.Holder.GrantName).To(Equal(lg.Name))
+			Expect(fr.Status.PolicyGeneration).To(Equal(fr.Generation))
+			Expect(held.Status.Grant.PolicyGeneration).To(Equal(fr.Generation))
+			Expect(held.Status.Grant.BackendRevision).To(Equal(fr.Status.BackendRevision))
+			release(lg)
+			waitPhase(lg, locksv1.PhaseReleased)
+		}
+		Expect(eventReasons(ns, "batch-r1")).To(ContainElement("Issued"))
+	})
+
+	It("hands off FIFO to three waiters in arrival order", func() {
+		newFencedResource(ns, "batch", 30)
+		a := request(ns, "batch", "worker-a", "a")
+		waitPhase(a, locksv1.PhaseHeld)
+		var waiters []*locksv1.LockGrant
+		for _, w := range []string{"worker-b", "worker-c", "worker-d"} {
+			lg := request(ns, "batch", w, "req-"+w)
+			// Arrival order is the order the issuer queued them.
+			Eventually(func() []string {
+				var names []string
+				for _, q := range getFR(ns, "batch").Status.Queue {
+					names = append(names, q.GrantName)
+				}
+				return names
+			}).Should(ContainElement(lg.Name))
+			waitPhase(lg, locksv1.PhasePending)
+			waiters = append(waiters, lg)
+		}
+		Expect(getFR(ns, "batch").Status.Queue).To(HaveLen(3))
+		prev := a
+		for i, w := range waiters {
+			release(prev)
+			waitPhase(prev, locksv1.PhaseReleased)
+			held := waitPhase(w, locksv1.PhaseHeld)
+			Expect(held.Status.Grant.FenceToken).To(Equal(int64(i + 2)))
+			for _, later := range waiters[i+1:] {
+				Expect(getGrant(ns, later.Name).Status.Phase).To(Equal(locksv1.PhasePending))
+			}
+			Expect(eventReasons(ns, w.Name)).To(ContainElement("HandedOff"))
+			prev = w
+		}
+	})
+
+	It("expires a holder by the issuer's clock and hands off to the next waiter", func() {
+		newFencedResource(ns, "batch", 30)
+		a := request(ns, "batch", "worker-a", "a")
+		heldA := waitPhase(a, locksv1.PhaseHeld)
+		b := request(ns, "batch", "worker-b", "b")
+		waitPhase(b, locksv1.PhasePending)
+		Expect(heldA.Status.ExpiresAt.Sub(primary.clock.Now())).To(BeNumerically("~", 30*time.Second, time.Second))
+
+		primary.step(29 * time.Second)
+		stays(a, locksv1.PhaseHeld)
+		primary.step(2 * time.Second)
+		waitPhase(a, locksv1.PhaseExpired)
+		heldB := waitPhase(b, locksv1.PhaseHeld)
+		Expect(heldB.Status.Grant.FenceToken).To(Equal(heldA.Status.Grant.FenceToken + 1))
+		Eventually(func() []string { return eventReasons(ns, a.Name) }).Should(ContainElement("Expired"))
+	})
+
+	It("applies renewals that arrive before expiry and ignores those after", func() {
+		newFencedResource(ns, "batch", 30)
+		a := request(ns, "batch", "worker-a", "a")
+		first := waitPhase(a, locksv1.PhaseHeld)
+		primary.step(20 * time.Second)
+		renew(a)
+		var renewed *locksv1.LockGrant
+		Eventually(func() int64 {
+			renewed = getGrant(ns, a.Name)
+			return renewed.Status.ObservedRenewals
+		}).Should(Equal(int64(1)))
+		Expect(renewed.Status.ExpiresAt.Time).To(BeTemporally("~", primary.clock.Now().Add(30*time.Second), time.Millisecond))
+		Expect(renewed.Status.Grant).To(Equal(first.Status.Grant), "renewal extends the lease, not the grant")
+
+		primary.step(20 * time.Second) // past the original expiry, before the renewed one
+		stays(a, locksv1.PhaseHeld)
+		primary.step(11 * time.Second) // past the renewed expiry
+		waitPhase(a, locksv1.PhaseExpired)
+		renew(a) // too late: the issuer already judged it expired
+		stays(a, locksv1.PhaseExpired)
+		Expect(getGrant(ns, a.Name).Status.ObservedRenewals).To(Equal(int64(1)))
+		Expect(getFR(ns, "batch").Status.Holder).To(BeNil())
+	})
+
+	It("releases on spec.release and on deletion, serving the next waiter each time", func() {
+		newFencedResource(ns, "batch", 30)
+		a := request(ns, "batch", "worker-a", "a")
+		waitPhase(a, locksv1.PhaseHeld)
+		b := request(ns, "batch", "worker-b", "b")
+		c := request(ns, "batch", "worker-c", "c")
+		waitPhase(c, locksv1.PhasePending)
+		release(a)
+		waitPhase(a, locksv1.PhaseReleased)
+		heldB := waitPhase(b, locksv1.PhaseHeld)
+		Expect(heldB.Finalizers).To(ContainElement(locksv1.GrantFinalizer))
+
+		Expect(workers["worker-b"].Delete(suiteCtx, b)).To(Succeed())
+		Eventually(func() bool {
+			err := admin.Get(suiteCtx, client.ObjectKeyFromObject(b), &locksv1.LockGrant{})
+			return apierrors.IsNotFound(err)
+		}).Should(BeTrue(), "the finalizer is removed once the grant is released")
+		heldC := waitPhase(c, locksv1.PhaseHeld)
+		Expect(heldC.Status.Grant.FenceToken).To(Equal(heldB.Status.Grant.FenceToken + 1))
+
+		// A holder deleted without the finalizer (e.g. removed by force) is
+		// detected by an uncached read and released too.
+		d := request(ns, "batch", "worker-d", "d")
+		waitPhase(d, locksv1.PhasePending)
+		Expect(update(admin, &locksv1.LockGrant{ObjectMeta: c.ObjectMeta}, func(g *locksv1.LockGrant) { g.Finalizers = nil })).To(Succeed())
+		Expect(admin.Delete(suiteCtx, c)).To(Succeed())
+		primary.issuer.ResyncAll()
+		heldD := waitPhase(d, locksv1.PhaseHeld)
+		Expect(heldD.Status.Grant.FenceToken).To(Equal(heldC.Status.Grant.FenceToken + 1))
+	})
+
+	It("recovers a lost create response by requestID without a second identity", func() {
+		newFencedResource(ns, "batch", 30)
+		// A transport that delivers the first POST to the server and then drops the response.
+		var dropped atomic.Bool
+		cfg := rest.CopyConfig(testEnvUserConfig("worker-a"))
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				resp, err := rt.RoundTrip(req)
+				if err == nil && req.Method == http.MethodPost && dropped.CompareAndSwap(false, true) {
+					resp.Body.Close()
+					return nil, fmt.Errorf("injected: response lost after the request was sent")
+				}
+				return resp, err
+			})
+		}
+		lossy, err := client.New(cfg, client.Options{Scheme: scheme})
+		Expect(err).NotTo(HaveOccurred())
+
+		lg := newGrant(ns, "batch", "worker-a", "idem-1")
+		Expect(lossy.Create(suiteCtx, lg)).To(MatchError(ContainSubstring("response lost")))
+		// Retrying the same requestID finds the object the lost request created.
+		retry := newGrant(ns, "batch", "worker-a", "idem-1")
+		Expect(apierrors.IsAlreadyExists(lossy.Create(suiteCtx, retry))).To(BeTrue())
+		held := waitPhase(retry, locksv1.PhaseHeld)
+		// A second identity for the same requestID is refused.
+		other := newGrant(ns, "batch", "worker-a", "idem-1")
+		other.Name = "batch-idem-1-second"
+		Expect(lossy.Create(suiteCtx, other)).To(MatchError(ContainSubstring(`spec.requestID "idem-1" is already used by LockGrant batch-idem-1`)))
+		var list locksv1.LockGrantList
+		Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
+		Expect(list.Items).To(HaveLen(1))
+		Expect(list.Items[0].UID).To(Equal(held.UID))
+		Expect(held.Status.Grant.FenceToken).To(Equal(int64(1)))
+	})
+
+	It("respects fenceFloor, which may only grow", func() {
+		newFencedResource(ns, "batch", 30, func(fr *locksv1.FencedResource) { fr.Spec.FenceFloor = 100 })
+		a := request(ns, "batch", "worker-a", "a")
+		Expect(waitPhase(a, locksv1.PhaseHeld).Status.Grant.FenceToken).To(Equal(int64(101)))
+		Expect(update(admin, &locksv1.FencedResource{ObjectMeta: getFR(ns, "batch").ObjectMeta}, func(fr *locksv1.FencedResource) {
+			fr.Spec.FenceFloor = 500
+		})).To(Succeed())
+		release(a)
+		b := request(ns, "batch", "worker-b", "b")
+		heldB := waitPhase(b, locksv1.PhaseHeld)
+		Expect(heldB.Status.Grant.FenceToken).To(Equal(int64(501)))
+		Expect(heldB.Status.Grant.PolicyGeneration).To(Equal(getFR(ns, "batch").Generation))
+		// Below the floor is rejected by the CRD's CEL rule.
+		err := update(admin, &locksv1.FencedResource{ObjectMeta: getFR(ns, "batch").ObjectMeta}, func(fr *locksv1.FencedResource) {
+			fr.Spec.FenceFloor = 10
+		})
+		Expect(err).To(MatchError(ContainSubstring("fenceFloor may only grow")))
+		// A floor below the issued fence does not lower the next one.
+		Expect(update(admin, &locksv1.FencedResource{ObjectMeta: getFR(ns, "batch").ObjectMeta}, func(fr *locksv1.FencedResource) {
+			fr.Spec.FenceFloor = 501
+		})).To(Succeed())
+		release(b)
+		c := request(ns, "batch", "worker-c", "c")
+		Expect(waitPhase(c, locksv1.PhaseHeld).Status.Grant.FenceToken).To(Equal(int64(502)))
+	})
+
+	It("signs grants that verify with the trust bundle and fail after any change", func() {
+		newFencedResource(ns, "batch", 30)
+		lg := waitPhase(request(ns, "batch", "worker-a", "a"), locksv1.PhaseHeld)
+		var cm corev1.ConfigMap
+		Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: controllers.TrustBundleConfig}, &cm)).To(Succeed())
+		bundle, err := grant.ParseTrustBundle(cm.Data)
+		Expect(err).NotTo(HaveOccurred())
+		g := lg.Status.Grant.ToGrant()
+		Expect(g.Resource).To(Equal("test/" + ns + "/batch"))
+		Expect(g.Owner).To(Equal("worker-a"))
+		Expect(bundle.Verify(g, lg.Status.Digest, lg.Status.Proof)).To(Succeed())
+		for _, tamper := range []func(*grant.Grant){
+			func(g *grant.Grant) { g.FenceToken++ },
+			func(g *grant.Grant) { g.Owner = "worker-b" },
+			func(g *grant.Grant) { g.Resource += "x" },
+			func(g *grant.Grant) { g.IssuerEpoch++ },
+			func(g *grant.Grant) { g.PolicyGeneration++ },
+			func(g *grant.Grant) { g.Lease += "x" },
+			func(g *grant.Grant) { g.BackendRevision += "1" },
+		} {
+			t := g
+			tamper(&t)
+			Expect(bundle.Verify(t, lg.Status.Digest, lg.Status.Proof)).To(MatchError(grant.ErrForged))
+		}
+		// The registry's copy is the same document.
+		fr := getFR(ns, "batch")
+		Expect(fr.Status.Holder.Digest).To(Equal(lg.Status.Digest))
+		Expect(fr.Status.Holder.Grant(fr.Spec.ResourceID)).To(Equal(g))
+	})
+
+	It("admits only valid LockGrants, with messages that say what is wrong", func() {
+		newFencedResource(ns, "batch", 30, func(fr *locksv1.FencedResource) {
+			fr.Spec.AllowedOwners = []string{"worker-a", "worker-b"}
+			fr.Spec.OperationCategories = []string{"settlement"}
+		})
+		wrongOwner := newGrant(ns, "batch", "worker-b", "x")
+		wrongOwner.Spec.OperationCategory = "settlement"
+		Expect(workers["worker-a"].Create(suiteCtx, wrongOwner)).To(MatchError(
+			ContainSubstring(`spec.owner "worker-b" must equal the requesting user "worker-a"`)))
+		notAllowed := newGrant(ns, "batch", "worker-c", "x")
+		notAllowed.Spec.OperationCategory = "settlement"
+		Expect(workers["worker-c"].Create(suiteCtx, notAllowed)).To(MatchError(ContainSubstring("is not in FencedResource batch spec.allowedOwners")))
+		badCategory := newGrant(ns, "batch", "worker-a", "x")
+		badCategory.Spec.OperationCategory = "refund"
+		Expect(workers["worker-a"].Create(suiteCtx, badCategory)).To(MatchError(ContainSubstring(`spec.operationCategory "refund" is not one of`)))
+		noResource := newGrant(ns, "missing", "worker-a", "x")
+		Expect(workers["worker-a"].Create(suiteCtx, noResource)).To(MatchError(ContainSubstring(`FencedResource "missing" does not exist`)))
+		badRoot := newGrant(ns, "batch", "worker-a", "x")
+		badRoot.Spec.OperationRoot = "md5:abc"
+		Expect(workers["worker-a"].Create(suiteCtx, badRoot)).To(MatchError(ContainSubstring("spec.operationRoot")))
+
+		ok := newGrant(ns, "batch", "worker-a", "x")
+		ok.Spec.OperationCategory = "settlement"
+		Expect(workers["worker-a"].Create(suiteCtx, ok)).To(Succeed())
+		waitPhase(ok, locksv1.PhaseHeld)
+		// Only the owner renews or releases.
+		Expect(update(workers["worker-b"], &locksv1.LockGrant{ObjectMeta: ok.ObjectMeta}, func(g *locksv1.LockGrant) { g.Spec.Renewals++ })).To(
+			MatchError(ContainSubstring(`only the owner "worker-a" may renew or release`)))
+		// Immutable and monotonic fields, enforced by the CRD.
+		for field, mutate := range map[string]func(*locksv1.LockGrant){
+			"lease is immutable":         func(g *locksv1.LockGrant) { g.Spec.Lease = "other" },
+			"owner is immutable":         func(g *locksv1.LockGrant) { g.Spec.Owner = "worker-a2" },
+			"operationRoot is immutable": func(g *locksv1.LockGrant) { g.Spec.OperationRoot = root("other-root") },
+			"renewals may only grow":     func(g *locksv1.LockGrant) { g.Spec.Renewals-- },
+		} {
+			if field == "renewals may only grow" {
+				renew(ok)
+			}
+			Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: ok.ObjectMeta}, mutate)).To(MatchError(ContainSubstring(field)))
+		}
+		release(ok)
+		waitPhase(ok, locksv1.PhaseReleased)
+		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: ok.ObjectMeta}, func(g *locksv1.LockGrant) { g.Spec.Release = false })).To(
+			MatchError(ContainSubstring("release cannot be undone")))
+		Expect(update(admin, &locksv1.FencedResource{ObjectMeta: getFR(ns, "batch").ObjectMeta}, func(fr *locksv1.FencedResource) {
+			fr.Spec.ResourceID = "other"
+		})).To(MatchError(ContainSubstring("resourceID is immutable")))
+	})
+
+	It("completes an issue that crashed between the fence allocation and the LockGrant status", func() {
+		// A crash-prone issuer commits the allocation, then dies before any
+		// LockGrant status write lands.
+		primary.stop()
+		var allocated atomic.Bool
+		crashy := startOperator("crashy", primary.clock, controllers.Options{WrapClient: func(c client.Client) client.Client {
+			return &failGrantStatusWrites{Client: c, failed: &allocated}
+		}})
+		newFencedResource(ns, "batch", 30)
+		a := request(ns, "batch", "worker-a", "a")
+		Eventually(func() *locksv1.Holder { return getFR(ns, "batch").Status.Holder }).ShouldNot(BeNil())
+		Eventually(allocated.Load).Should(BeTrue())
+		crashy.stop()
+		fr := getFR(ns, "batch")
+		Expect(fr.Status.FenceToken).To(Equal(int64(1)))
+		Expect(getGrant(ns, a.Name).Status.Phase).NotTo(Equal(locksv1.PhaseHeld))
+
+		primary = startOperator("primary-2", primary.clock, controllers.Options{})
+		held := waitPhase(a, locksv1.PhaseHeld)
+		Expect(held.Status.Grant.FenceToken).To(Equal(int64(1)), "the allocated fence is completed, not re-issued")
+		Expect(held.Status.Digest).To(Equal(fr.Status.Holder.Digest))
+		Expect(getFR(ns, "batch").Status.FenceToken).To(Equal(int64(1)))
+	})
+})
+
+// failGrantStatusWrites fails every LockGrant status write, as a process that
+// crashed right after its FencedResource compare-and-swap would.
+type failGrantStatusWrites struct {
+	client.Client
+	failed *atomic.Bool
+}
+
+func (f *failGrantStatusWrites) Status() client.SubResourceWriter {
+	return &failingStatus{SubResourceWriter: f.Client.Status(), failed: f.failed}
+}
+
+type failingStatus struct {
+	client.SubResourceWriter
+	failed *atomic.Bool
+}
+
+func (f *failingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if _, ok := obj.(*locksv1.LockGrant); ok {
+		f.failed.Store(true)
+		return fmt.Errorf("injected crash before the LockGrant status write")
+	}
+	return f.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+var userConfigs sync.Map
+
+func testEnvUserConfig(name string) *rest.Config {
+	if c, ok := userConfigs.Load(name); ok {
+		return c.(*rest.Config)
+	}
+	u, err := testEnv.AddUser(envtest.User{Name: name, Groups: []string{workersGroup}}, adminCfg)
+	Expect(err).NotTo(HaveOccurred())
+	userConfigs.Store(name, u.Config())
+	return u.Config()
+}
+
+// metricValue reads a counter from the controller-runtime registry.
+func metricValue(name string) float64 {
+	families, err := metrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() == name {
+			total := 0.0
+			for _, m := range f.Metric {
+				total += m.GetCounter().GetValue()
+			}
+			return total
+		}
+	}
+	return 0
+}
