@@ -249,8 +249,8 @@ func planGrants(in planInput) (planOutput, error) {
 		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionReady, false, locksv1.ReasonEpochRevoked,
 			fmt.Sprintf("issuer epoch %d is below the trust bundle's revokedBelowEpoch %d; no grant can be issued until a new issuer epoch takes over", in.epoch, in.revokedBelow))
 	} else {
-		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionReady, true, locksv1.ReasonIssuing,
-			fmt.Sprintf("issuer epoch %d issues grants", in.epoch))
+		// No epoch in the message: two issuers must not flap it between them.
+		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionReady, true, locksv1.ReasonIssuing, "grants are issued")
 	}
 	if h := st.Holder; h != nil {
 		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionHeld, true, locksv1.ReasonHolderActive,

@@ -109,7 +109,7 @@ var _ = BeforeSuite(func() {
 	opSubject := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUser}
 	bind("ClusterRole", "manager-role", "", opSubject)
 	bind("Role", "manager-role", opNamespace, opSubject)
-	bind("ClusterRole", "fencekeeper-lockgrant-requester", "", rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: workersGroup})
+	bind("ClusterRole", "lockgrant-requester", "", rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: workersGroup})
 
 	opUser, err := testEnv.AddUser(envtest.User{Name: operatorUser}, adminCfg)
 	Expect(err).NotTo(HaveOccurred())

@@ -1,0 +1,223 @@
+package controllers
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+var t0 = time.Date(2026, 7, 19, 10, 0, 0, 0, time.UTC)
+
+func testSigner(t *testing.T) *grant.Signer {
+	t.Helper()
+	s, err := grant.NewSigner("test", bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func fr(lease int32) *locksv1.FencedResource {
+	return &locksv1.FencedResource{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "batch", Generation: 3, ResourceVersion: "100"},
+		Spec:       locksv1.FencedResourceSpec{ResourceID: "invoice-batch/1", LeaseDurationSeconds: lease},
+	}
+}
+
+func lg(name string, created time.Duration) locksv1.LockGrant {
+	return locksv1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name),
+			CreationTimestamp: metav1.NewTime(t0.Add(created)), Finalizers: []string{locksv1.GrantFinalizer}},
+		Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: "owner-" + name, RequestID: "req-" + name,
+			Lease: "lease-" + name, OperationRoot: "sha256:" + strings.Repeat("0", 64)},
+	}
+}
+
+// apply runs one plan and applies it as the reconciler would after a successful write.
+func apply(t *testing.T, in planInput) planOutput {
+	t.Helper()
+	out, err := planGrants(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.fr.Status = out.status
+	for _, c := range out.grantStatus {
+		for i := range in.grants {
+			if in.grants[i].Name == c.name {
+				in.grants[i].Status = c.status
+			}
+		}
+	}
+	return out
+}
+
+func phases(grants []locksv1.LockGrant) string {
+	var b strings.Builder
+	for _, g := range grants {
+		fmt.Fprintf(&b, "%s=%s ", g.Name, g.Status.Phase)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+func TestPlanIssuesFIFOAndHandsOff(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("c", 2*time.Second), lg("a", 0), lg("b", time.Second)}
+	in := planInput{fr: f, grants: grants, now: t0.Add(3 * time.Second), epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	out := apply(t, in)
+	if got := phases(grants); got != "c=Pending a=Held b=Pending" {
+		t.Fatalf("after first plan: %s", got)
+	}
+	if out.issued != 1 || f.Status.FenceToken != 1 || f.Status.Holder.GrantName != "a" || f.Status.BackendRevision != "100" {
+		t.Fatalf("unexpected registry state %+v", f.Status)
+	}
+	if out.requeueAfter != 10*time.Second {
+		t.Fatalf("requeueAfter %v, want the lease duration", out.requeueAfter)
+	}
+	if q := f.Status.Queue; len(q) != 2 || q[0].GrantName != "b" || q[1].GrantName != "c" {
+		t.Fatalf("queue %+v, want b then c", q)
+	}
+	// The holder's document is signed and verifies.
+	h := f.Status.Holder
+	if err := grant.NewTrustBundle(0, testSigner(t)).Verify(h.Grant(f.Spec.ResourceID), h.Digest, h.Proof); err != nil {
+		t.Fatal(err)
+	}
+	// Release a: b gets fence 2 in the same decision.
+	grants[1].Spec.Release = true
+	out = apply(t, in)
+	if got := phases(grants); got != "c=Pending a=Released b=Held" || out.handoffs != 1 || f.Status.FenceToken != 2 {
+		t.Fatalf("after release: %s, %+v", got, out)
+	}
+	// Changes are ordered: the ending before the new holder.
+	if out.grantStatus[0].name != "a" || out.grantStatus[1].name != "b" {
+		t.Fatalf("status writes out of order: %v, %v", out.grantStatus[0].name, out.grantStatus[1].name)
+	}
+}
+
+func TestPlanExpiryRenewalAndFloor(t *testing.T) {
+	f := fr(10)
+	f.Spec.FenceFloor = 41
+	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
+	in := planInput{fr: f, grants: grants, now: t0.Add(2 * time.Second), epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	if f.Status.FenceToken != 42 {
+		t.Fatalf("first fence %d, want fenceFloor+1 = 42", f.Status.FenceToken)
+	}
+	// A renewal seen before expiry extends the lease from now.
+	in.now = t0.Add(11 * time.Second)
+	grants[0].Spec.Renewals = 1
+	apply(t, in)
+	if want := t0.Add(21 * time.Second); !f.Status.Holder.ExpiresAt.Time.Equal(want) || grants[0].Status.ObservedRenewals != 1 {
+		t.Fatalf("renewal: expiresAt %v want %v", f.Status.Holder.ExpiresAt, want)
+	}
+	// A renewal seen at or after expiry is too late.
+	in.now = t0.Add(21 * time.Second)
+	grants[0].Spec.Renewals = 2
+	out := apply(t, in)
+	if got := phases(grants); got != "a=Expired b=Held" || out.expiries != 1 || f.Status.FenceToken != 43 {
+		t.Fatalf("expiry: %s fence %d", got, f.Status.FenceToken)
+	}
+}
+
+func TestPlanNeverMovesAGrantBackwards(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("a", 0)}
+	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	// A stale registry view (before the allocation) must not touch a Held grant.
+	stale := fr(10)
+	out, err := planGrants(planInput{fr: stale, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range out.grantStatus {
+		if c.name == "a" {
+			t.Fatalf("stale view rewrote a Held grant to %s", c.status.Phase)
+		}
+	}
+	// Terminal phases never change.
+	grants[0].Status.Phase = locksv1.PhaseExpired
+	grants[0].Spec.Release = true
+	f.Status.Holder = nil
+	out = apply(t, in)
+	if grants[0].Status.Phase != locksv1.PhaseExpired || len(out.grantStatus) != 0 {
+		t.Fatalf("terminal grant changed: %s", grants[0].Status.Phase)
+	}
+}
+
+func TestPlanDeniesDuplicatesAndPolicyViolations(t *testing.T) {
+	f := fr(10)
+	f.Spec.AllowedOwners = []string{"owner-a", "owner-dup"}
+	dup := lg("dup", time.Second)
+	dup.Spec.RequestID = "req-a"
+	dup.Spec.Owner = "owner-a"
+	grants := []locksv1.LockGrant{lg("a", 0), dup, lg("stranger", 2*time.Second)}
+	apply(t, planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)})
+	if got := phases(grants); got != "a=Held dup=Denied stranger=Denied" {
+		t.Fatalf("%s", got)
+	}
+	if len(f.Status.Queue) != 0 {
+		t.Fatalf("denied requests queued: %+v", f.Status.Queue)
+	}
+}
+
+func TestPlanEpochTakeoverAndRevocation(t *testing.T) {
+	f := fr(30)
+	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
+	in := planInput{fr: f, grants: grants, now: t0, epoch: 4, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	// Epoch 5 takes over 25 s later: the lease runs to takeover + 30 s.
+	in.epoch, in.takeoverAt, in.now = 5, t0.Add(25*time.Second), t0.Add(26*time.Second)
+	out := apply(t, in)
+	if want := t0.Add(55 * time.Second); !f.Status.Holder.ExpiresAt.Time.Equal(want) || f.Status.IssuerEpoch != 5 {
+		t.Fatalf("takeover: expiresAt %v want %v, epoch %d", f.Status.Holder.ExpiresAt, want, f.Status.IssuerEpoch)
+	}
+	if len(out.events) != 1 || out.events[0].reason != "LeaseExtended" {
+		t.Fatalf("events %+v", out.events)
+	}
+	// Revoking epoch 4 revokes a and serves b under epoch 5.
+	in.revokedBelow = 5
+	out = apply(t, in)
+	if got := phases(grants); got != "a=Revoked b=Held" || out.revocations != 1 || f.Status.Holder.IssuerEpoch != 5 {
+		t.Fatalf("%s %+v", got, out)
+	}
+	// Revoking the issuer's own epoch stops issuing.
+	in.revokedBelow = 6
+	grants = append(grants, lg("c", 2*time.Second))
+	in.grants = grants
+	apply(t, in)
+	if f.Status.Holder != nil || grants[2].Status.Phase != locksv1.PhasePending {
+		t.Fatalf("issued under a revoked epoch: %+v", f.Status.Holder)
+	}
+}
+
+func TestPlanHolderDeletedAndFinalizers(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
+	grants[1].Finalizers = nil
+	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	out := apply(t, in)
+	if len(out.addFinalizer) != 1 || out.addFinalizer[0] != "b" {
+		t.Fatalf("addFinalizer %v", out.addFinalizer)
+	}
+	now := metav1.NewTime(t0)
+	grants[0].DeletionTimestamp = &now
+	out = apply(t, in)
+	if len(out.removeFinalizer) != 1 || out.removeFinalizer[0] != "a" || f.Status.Holder.GrantName != "b" {
+		t.Fatalf("deletion: remove %v holder %+v", out.removeFinalizer, f.Status.Holder)
+	}
+	// A holder confirmed gone (no LockGrant at all) is released too.
+	in.grants = grants[:1]
+	in.holderDeleted = true
+	out = apply(t, in)
+	if f.Status.Holder != nil || out.releases != 1 {
+		t.Fatalf("holder not released: %+v", f.Status.Holder)
+	}
+}
