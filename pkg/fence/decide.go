@@ -1,0 +1,256 @@
+package fence
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// Verdict is the outcome of one mutation attempt. Every denial message starts with it.
+type Verdict string
+
+// Verdicts, in the order DESIGN.md evaluates them.
+const (
+	// Accepted: the segment is applied.
+	Accepted Verdict = "ACCEPTED"
+	// Unchanged: an update that changes nothing; allowed, no segment consumed.
+	Unchanged Verdict = "UNCHANGED"
+
+	FenceRequired     Verdict = "FENCE_REQUIRED"
+	BadGrant          Verdict = "BAD_GRANT"
+	ForgedGrant       Verdict = "FORGED_GRANT"
+	WrongResource     Verdict = "WRONG_RESOURCE"
+	WrongOwner        Verdict = "WRONG_OWNER"
+	RevokedEpoch      Verdict = "REVOKED_EPOCH"
+	PayloadMismatch   Verdict = "PAYLOAD_MISMATCH"
+	FenceRegression   Verdict = "FENCE_REGRESSION"
+	StaleOwner        Verdict = "STALE_OWNER"
+	RootMismatch      Verdict = "ROOT_MISMATCH"
+	NotHeld           Verdict = "NOT_HELD"
+	PolicyStale       Verdict = "POLICY_STALE"
+	SegmentOutOfOrder Verdict = "SEGMENT_OUT_OF_ORDER"
+	AlreadyApplied    Verdict = "ALREADY_APPLIED"
+	Quarantined       Verdict = "QUARANTINED"
+	// ReceiptLogMismatch: the write's receipt log is not the stored log plus
+	// this segment. DESIGN.md requires the check but names no code for it.
+	ReceiptLogMismatch Verdict = "RECEIPT_LOG_MISMATCH"
+)
+
+// Allowed reports whether the verdict lets the write through (in Enforce mode).
+func (v Verdict) Allowed() bool { return v == Accepted || v == Unchanged }
+
+// Authentication reports whether the verdict is an authentication failure,
+// decided before any fence state is read.
+func (v Verdict) Authentication() bool {
+	switch v {
+	case FenceRequired, BadGrant, ForgedGrant, WrongResource, WrongOwner, RevokedEpoch, PayloadMismatch:
+		return true
+	}
+	return false
+}
+
+// State is the fence state a protected resource holds. For a Kubernetes object
+// it is derived from the last accepted fence annotation and the receipt log.
+type State struct {
+	HighestFence int64
+	Root         string
+	LastSegment  int64
+	Receipts     []Receipt
+	// Accepted is the last accepted envelope exactly as stored ("" if none):
+	// presenting it again is not a fresh segment.
+	Accepted string
+}
+
+// StateOf derives the stored state from an object's fence and receipts annotations.
+func StateOf(fenceAnnotation, receiptsAnnotation string) (State, error) {
+	rs, err := ParseReceipts(receiptsAnnotation)
+	if err != nil {
+		return State{}, err
+	}
+	if fenceAnnotation == "" {
+		return State{Receipts: rs}, nil
+	}
+	e, err := ParseEnvelope(fenceAnnotation)
+	if err != nil {
+		return State{}, fmt.Errorf("stored fence annotation: %w", err)
+	}
+	return State{HighestFence: e.Grant.FenceToken, Root: e.Grant.OperationRoot, LastSegment: e.Segment,
+		Receipts: rs, Accepted: fenceAnnotation}, nil
+}
+
+// Holder is the registry's current holder, as a linearizable read returned it.
+type Holder struct {
+	Owner     string
+	Lease     string
+	RequestID string
+	Fence     int64
+	ExpiresAt time.Time
+}
+
+// Registry is a linearizable view of the resource's registry entry.
+type Registry struct {
+	// Found is false when there is no registry entry for the resource.
+	Found      bool
+	ResourceID string
+	// Generation is the entry's current policy generation.
+	Generation int64
+	// Holder is nil when nothing is held.
+	Holder *Holder
+	// Now is the acceptance point's clock reading, to judge expiry.
+	Now time.Time
+}
+
+// Attempt is one incoming mutation.
+type Attempt struct {
+	// User is the authenticated caller (admission userInfo.username).
+	User string
+	// Delete is true for a deletion; the fields below are then unused.
+	Delete bool
+	// Changed is false for an update that changes nothing at all.
+	Changed bool
+	// Fence is the new fence annotation ("" when absent).
+	Fence string
+	// Payload is the digest of the new business content, computed by the acceptance point.
+	Payload string
+}
+
+// Decision is the outcome of Decide.
+type Decision struct {
+	Verdict Verdict
+	// Message explains the verdict; it starts with the verdict code.
+	Message string
+	// Receipt is set for Accepted (the new receipt) and AlreadyApplied (the original one).
+	Receipt string
+	// State is the resource's state after the decision: unchanged unless Accepted.
+	State State
+	// Envelope is the parsed attempt, when it parsed.
+	Envelope *Envelope
+}
+
+func (d Decision) String() string { return d.Message }
+
+// Decide applies DESIGN.md's acceptance rules. It never changes st for a
+// rejected attempt: the returned State is st itself unless the verdict is Accepted.
+func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decision {
+	deny := func(v Verdict, format string, args ...any) Decision {
+		return Decision{Verdict: v, Message: string(v) + ": " + fmt.Sprintf(format, args...), State: st}
+	}
+	if a.Delete {
+		return decideDelete(st, a, reg, deny)
+	}
+	if !a.Changed {
+		return Decision{Verdict: Unchanged, Message: "UNCHANGED: the update changes nothing", State: st}
+	}
+
+	// Authentication, before any fence state is read.
+	if a.Fence == "" {
+		return deny(FenceRequired, "the write changes a protected object but carries no %s annotation", AnnotationFence)
+	}
+	if a.Fence == st.Accepted {
+		return deny(FenceRequired, "the write changes a protected object but carries the %s annotation of the last accepted segment; every change needs a fresh segment", AnnotationFence)
+	}
+	e, err := ParseEnvelope(a.Fence)
+	if err != nil {
+		return deny(BadGrant, "%v", err)
+	}
+	g := e.Grant
+	if err := bundle.Verify(g, g.Digest(), e.Proof); err != nil {
+		if errors.Is(err, grant.ErrMalformed) {
+			return withEnvelope(deny(BadGrant, "%v", err), e)
+		}
+		return withEnvelope(deny(ForgedGrant, "%v", err), e)
+	}
+	if !reg.Found {
+		return withEnvelope(deny(WrongResource, "no FencedResource registers this object"), e)
+	}
+	if g.Resource != reg.ResourceID {
+		return withEnvelope(deny(WrongResource, "the grant is for resource %q, this object is %q", g.Resource, reg.ResourceID), e)
+	}
+	if a.User != g.Owner {
+		return withEnvelope(deny(WrongOwner, "the grant belongs to %q, the request comes from %q", g.Owner, a.User), e)
+	}
+	if bundle.Revoked(g.IssuerEpoch) {
+		return withEnvelope(deny(RevokedEpoch, "the grant was issued under epoch %d; epochs below %d are revoked", g.IssuerEpoch, bundle.RevokedBelowEpoch), e)
+	}
+	if e.Payload != a.Payload {
+		return withEnvelope(deny(PayloadMismatch, "the annotation's payload %s is not the digest of the new content (%s)", e.Payload, a.Payload), e)
+	}
+
+	// Fence rules against the stored state and the registry.
+	f, h := g.FenceToken, st.HighestFence
+	current, notCurrent, why := isCurrent(g, reg)
+	switch {
+	case f < h && current:
+		return withEnvelope(deny(FenceRegression, "the registry's current grant has fence %d but the object already accepted fence %d: the registry went backwards; raise spec.fenceFloor above %d", f, h, h), e)
+	case f < h:
+		return withEnvelope(deny(StaleOwner, "fence %d is older than fence %d the object already accepted", f, h), e)
+	case f == h && g.OperationRoot != st.Root && current:
+		return withEnvelope(deny(FenceRegression, "fence %d was already used at this object under another operation root: the registry went backwards; raise spec.fenceFloor above %d", f, h), e)
+	case f == h && g.OperationRoot != st.Root:
+		return withEnvelope(deny(RootMismatch, "fence %d is bound to operation root %s at this object, the grant has %s", f, st.Root, g.OperationRoot), e)
+	case !current:
+		return withEnvelope(deny(notCurrent, "%s", why), e)
+	case f > h && e.Segment != 1:
+		return withEnvelope(deny(SegmentOutOfOrder, "a new fence (%d > %d) must start at segment 1, got %d", f, h, e.Segment), e)
+	case f > h || e.Segment == st.LastSegment+1:
+		r := Receipt{Fence: f, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
+			Receipt: ReceiptDigest(reg.ResourceID, f, g.OperationRoot, e.Segment, e.Operation, e.Payload)}
+		next := State{HighestFence: f, Root: g.OperationRoot, LastSegment: e.Segment,
+			Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence}
+		return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: fence %d segment %d, receipt %s", f, e.Segment, r.Receipt),
+			Receipt: r.Receipt, State: next, Envelope: &e}
+	case e.Segment > st.LastSegment+1:
+		return withEnvelope(deny(SegmentOutOfOrder, "segment %d skips ahead: the next segment of fence %d is %d", e.Segment, f, st.LastSegment+1), e)
+	}
+	// A segment at or below the last one: a replay, or a conflicting rewrite.
+	for _, r := range st.Receipts {
+		if r.Fence == f && r.Segment == e.Segment {
+			if r.Payload == e.Payload {
+				d := withEnvelope(deny(AlreadyApplied, "fence %d segment %d was applied already; receipt %s", f, e.Segment, r.Receipt), e)
+				d.Receipt = r.Receipt
+				return d
+			}
+			return withEnvelope(deny(Quarantined, "fence %d segment %d was applied with payload %s; this attempt carries %s", f, e.Segment, r.Payload, e.Payload), e)
+		}
+	}
+	return withEnvelope(deny(SegmentOutOfOrder, "segment %d of fence %d is at or below the last segment %d and its receipt is no longer in the log", e.Segment, f, st.LastSegment), e)
+}
+
+// isCurrent reports whether g is the registry's HELD, unexpired grant of the
+// current policy generation; otherwise it gives the verdict and why.
+func isCurrent(g grant.Grant, reg Registry) (bool, Verdict, string) {
+	h := reg.Holder
+	switch {
+	case h == nil:
+		return false, NotHeld, "the registry shows no holder for this resource"
+	case h.Fence != g.FenceToken || h.Lease != g.Lease || h.RequestID != g.RequestID:
+		return false, NotHeld, fmt.Sprintf("the registry's holder is fence %d (lease %s), not this grant's fence %d (lease %s)", h.Fence, h.Lease, g.FenceToken, g.Lease)
+	case !reg.Now.Before(h.ExpiresAt):
+		return false, NotHeld, fmt.Sprintf("the grant with fence %d expired at %s", g.FenceToken, h.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	case g.PolicyGeneration != reg.Generation:
+		return false, PolicyStale, fmt.Sprintf("the grant was issued under policy generation %d, the FencedResource is at generation %d; acquire a new grant", g.PolicyGeneration, reg.Generation)
+	}
+	return true, "", ""
+}
+
+func decideDelete(st State, a Attempt, reg Registry, deny func(Verdict, string, ...any) Decision) Decision {
+	h := reg.Holder
+	switch {
+	case !reg.Found:
+		return deny(WrongResource, "no FencedResource registers this object")
+	case h == nil || !reg.Now.Before(h.ExpiresAt):
+		return deny(NotHeld, "deleting a protected object needs the currently held grant; the registry shows none")
+	case a.User != h.Owner:
+		return deny(WrongOwner, "only the holder %q may delete this object, the request comes from %q", h.Owner, a.User)
+	case h.Fence < st.HighestFence:
+		return deny(FenceRegression, "the holder's fence %d is below fence %d the object already accepted: the registry went backwards; raise spec.fenceFloor above %d", h.Fence, st.HighestFence, st.HighestFence)
+	}
+	return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: deletion by the holder of fence %d", h.Fence), State: st}
+}
+
+func withEnvelope(d Decision, e Envelope) Decision {
+	d.Envelope = &e
+	return d
+}

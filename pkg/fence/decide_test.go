@@ -1,0 +1,266 @@
+package fence
+
+import (
+	"bytes"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+var now = time.Date(2026, 7, 19, 10, 0, 0, 0, time.UTC)
+
+const resourceID = "invoice-batch/2026-07-19"
+
+type world struct {
+	t      *testing.T
+	signer *grant.Signer
+	bundle *grant.TrustBundle
+}
+
+func newWorld(t *testing.T) *world {
+	s, err := grant.NewSigner("issuer", bytes.Repeat([]byte{1}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{t: t, signer: s, bundle: grant.NewTrustBundle(0, s)}
+}
+
+func rootOf(c byte) string { return "sha256:" + strings.Repeat(string(c), 64) }
+
+func (w *world) grant(owner string, fence int64, root string) grant.Grant {
+	return grant.Grant{Schema: grant.Schema, Resource: resourceID, Owner: owner, RequestID: "req-" + owner,
+		Lease: "lease-" + owner, OperationRoot: root, FenceToken: fence, BackendRevision: "7",
+		PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 10, IssuedAt: "2026-07-19T09:59:59Z"}
+}
+
+func (w *world) envelope(g grant.Grant, segment int64, payload string) string {
+	_, proof, err := w.signer.Sign(g)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	e := Envelope{Grant: g, Proof: proof, Operation: "op-" + g.Owner, Segment: segment, Payload: payload}
+	return e.Encode()
+}
+
+func payload(s string) string {
+	d, _ := PayloadDigest(map[string]any{"data": map[string]string{"v": s}})
+	return d
+}
+
+// held is a registry whose current holder is g.
+func held(g grant.Grant) Registry {
+	return Registry{Found: true, ResourceID: resourceID, Generation: 1, Now: now,
+		Holder: &Holder{Owner: g.Owner, Lease: g.Lease, RequestID: g.RequestID, Fence: g.FenceToken, ExpiresAt: now.Add(5 * time.Second)}}
+}
+
+// write is an accepted write of g's segment with content v.
+func (w *world) write(st State, g grant.Grant, segment int64, v string) State {
+	w.t.Helper()
+	d := Decide(st, Attempt{User: g.Owner, Changed: true, Fence: w.envelope(g, segment, payload(v)), Payload: payload(v)}, held(g), w.bundle)
+	if d.Verdict != Accepted {
+		w.t.Fatalf("setup write fence %d segment %d: %s", g.FenceToken, segment, d.Message)
+	}
+	return d.State
+}
+
+func TestDecideVerdicts(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 5, rootOf('a'))
+	b := w.grant("worker-b", 6, rootOf('b'))
+	// The object accepted a's segments 1 and 2.
+	st := w.write(w.write(State{}, a, 1, "a1"), a, 2, "a2")
+
+	other, _ := grant.NewSigner("rogue", bytes.Repeat([]byte{2}, 32))
+	forge := func(g grant.Grant, seg int64, p string) string {
+		_, proof, _ := other.Sign(g)
+		e := Envelope{Grant: g, Proof: strings.Replace(proof, "rogue", "issuer", 1), Operation: "op", Segment: seg, Payload: p}
+		return e.Encode()
+	}
+	tampered := func() string {
+		e, _ := ParseEnvelope(w.envelope(a, 3, payload("a3")))
+		e.Grant.FenceToken = 99
+		return e.Encode()
+	}
+	rawEnvelope := func(mutate func(string) string) string { return mutate(w.envelope(a, 3, payload("a3"))) }
+	crossResource := a
+	crossResource.Resource = "invoice-batch/other-day"
+	revoked := w.grant("worker-a", 5, rootOf('a'))
+	revoked.IssuerEpoch = 0
+	revokedBundle := grant.NewTrustBundle(1, w.signer)
+	staleGen := a
+	staleGen.PolicyGeneration = 0
+	regressed := w.grant("worker-c", 4, rootOf('c')) // the registry went back and issued fence 4
+	sameFenceOtherRoot := w.grant("worker-c", 5, rootOf('c'))
+
+	expired := held(a)
+	expired.Now = now.Add(time.Minute)
+
+	cases := []struct {
+		name   string
+		st     State
+		a      Attempt
+		reg    Registry
+		bundle *grant.TrustBundle
+		want   Verdict
+	}{
+		{"no-op update", st, Attempt{User: "anyone", Changed: false}, held(a), nil, Unchanged},
+		{"missing annotation", st, Attempt{User: "worker-a", Changed: true, Payload: payload("x")}, held(a), nil, FenceRequired},
+		{"stale annotation reused", st, Attempt{User: "worker-a", Changed: true, Fence: st.Accepted, Payload: payload("x")}, held(a), nil, FenceRequired},
+		{"not json", st, Attempt{User: "worker-a", Changed: true, Fence: "{", Payload: payload("a3")}, held(a), nil, BadGrant},
+		{"oversized", st, Attempt{User: "worker-a", Changed: true, Fence: strings.Repeat(" ", MaxFenceAnnotationBytes+1), Payload: payload("a3")}, held(a), nil, BadGrant},
+		{"negative fence", st, Attempt{User: "worker-a", Changed: true, Fence: rawEnvelope(func(s string) string { return strings.Replace(s, `"fenceToken":5`, `"fenceToken":-5`, 1) }), Payload: payload("a3")}, held(a), nil, BadGrant},
+		{"fence over int64", st, Attempt{User: "worker-a", Changed: true, Fence: rawEnvelope(func(s string) string {
+			return strings.Replace(s, `"fenceToken":5`, `"fenceToken":92233720368547758070`, 1)
+		}), Payload: payload("a3")}, held(a), nil, BadGrant},
+		{"segment zero", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 0, payload("a3")), Payload: payload("a3")}, held(a), nil, BadGrant},
+		{"wrong schema", st, Attempt{User: "worker-a", Changed: true, Fence: rawEnvelope(func(s string) string { return strings.Replace(s, "lockGrant.v1", "lockGrant.v9", 1) }), Payload: payload("a3")}, held(a), nil, BadGrant},
+		{"forged signature", st, Attempt{User: "worker-a", Changed: true, Fence: forge(a, 3, payload("a3")), Payload: payload("a3")}, held(a), nil, ForgedGrant},
+		{"tampered fence", st, Attempt{User: "worker-a", Changed: true, Fence: tampered(), Payload: payload("a3")}, held(a), nil, ForgedGrant},
+		{"cross-resource replay", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(crossResource, 3, payload("a3")), Payload: payload("a3")}, held(a), nil, WrongResource},
+		{"unregistered", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, Registry{Now: now}, nil, WrongResource},
+		{"wrong owner", st, Attempt{User: "worker-b", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, held(a), nil, WrongOwner},
+		{"revoked epoch", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(revoked, 3, payload("a3")), Payload: payload("a3")}, held(a), revokedBundle, RevokedEpoch},
+		{"payload mismatch", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("other")}, held(a), nil, PayloadMismatch},
+		{"registry regressed below the object", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(regressed, 1, payload("c1")), Payload: payload("c1")}, held(regressed), nil, FenceRegression},
+		{"registry reissued the same fence", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceOtherRoot, 1, payload("c1")), Payload: payload("c1")}, held(sameFenceOtherRoot), nil, FenceRegression},
+		{"older fence, not current", st, Attempt{User: "worker-z", Changed: true, Fence: w.envelope(w.grant("worker-z", 3, rootOf('e')), 1, payload("z")), Payload: payload("z")}, held(a), nil, StaleOwner},
+		{"equal fence, other root, not current", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceOtherRoot, 3, payload("c1")), Payload: payload("c1")}, held(b), nil, RootMismatch},
+		{"expired holder continues", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, expired, nil, NotHeld},
+		{"holder moved on", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, held(b), nil, NotHeld},
+		{"policy changed", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(staleGen, 3, payload("a3")), Payload: payload("a3")}, held(staleGen), nil, PolicyStale},
+		{"higher fence with segment 2", st, Attempt{User: "worker-b", Changed: true, Fence: w.envelope(b, 2, payload("b2")), Payload: payload("b2")}, held(b), nil, SegmentOutOfOrder},
+		{"higher fence with segment 1", st, Attempt{User: "worker-b", Changed: true, Fence: w.envelope(b, 1, payload("b1")), Payload: payload("b1")}, held(b), nil, Accepted},
+		{"equal fence, next segment", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, held(a), nil, Accepted},
+		{"equal fence, skipped segment", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 4, payload("a4")), Payload: payload("a4")}, held(a), nil, SegmentOutOfOrder},
+		{"duplicate segment, same payload", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 1, payload("a1")), Payload: payload("a1")}, held(a), nil, AlreadyApplied},
+		{"duplicate segment, other payload", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 2, payload("evil")), Payload: payload("evil")}, held(a), nil, Quarantined},
+		{"delete by holder", st, Attempt{User: "worker-a", Delete: true}, held(a), nil, Accepted},
+		{"delete by other", st, Attempt{User: "worker-b", Delete: true}, held(a), nil, WrongOwner},
+		{"delete without holder", st, Attempt{User: "worker-a", Delete: true}, expired, nil, NotHeld},
+		{"delete by regressed holder", st, Attempt{User: "worker-c", Delete: true}, held(regressed), nil, FenceRegression},
+	}
+	seen := map[Verdict]bool{}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			bundle := c.bundle
+			if bundle == nil {
+				bundle = w.bundle
+			}
+			before := cloneState(c.st)
+			d := Decide(c.st, c.a, c.reg, bundle)
+			if d.Verdict != c.want {
+				t.Fatalf("verdict %s, want %s (%s)", d.Verdict, c.want, d.Message)
+			}
+			if !strings.HasPrefix(d.Message, string(c.want)) {
+				t.Fatalf("message %q does not start with the verdict", d.Message)
+			}
+			if !reflect.DeepEqual(c.st, before) {
+				t.Fatal("Decide modified its input state")
+			}
+			if c.want != Accepted && !reflect.DeepEqual(d.State, before) {
+				t.Fatalf("a %s decision changed the state: %+v", c.want, d.State)
+			}
+			seen[d.Verdict] = true
+		})
+	}
+	for _, v := range []Verdict{Accepted, Unchanged, FenceRequired, BadGrant, ForgedGrant, WrongResource, WrongOwner, RevokedEpoch,
+		PayloadMismatch, FenceRegression, StaleOwner, RootMismatch, NotHeld, PolicyStale, SegmentOutOfOrder, AlreadyApplied, Quarantined} {
+		if !seen[v] {
+			t.Errorf("no case reaches %s", v)
+		}
+	}
+}
+
+func TestStaleOwnerWithUnusedLaterSegment(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 5, rootOf('a'))
+	b := w.grant("worker-b", 6, rootOf('b'))
+	st := w.write(State{}, a, 1, "a1")     // A wrote segment 1 and paused
+	st = w.write(st, b, 1, "b1")           // B took over with fence 6
+	for _, seg := range []int64{1, 2, 3} { // A resumes with any segment, even unused ones
+		d := Decide(st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, seg, payload("a")), Payload: payload("a")}, held(b), w.bundle)
+		if d.Verdict != StaleOwner {
+			t.Fatalf("segment %d: %s", seg, d.Message)
+		}
+	}
+	// Even if the registry (wrongly) still showed A as holder, a lower fence is never accepted.
+	d := Decide(st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 2, payload("a")), Payload: payload("a")}, held(a), w.bundle)
+	if d.Verdict != FenceRegression {
+		t.Fatalf("lower fence from a current grant: %s", d.Message)
+	}
+}
+
+func TestAcceptedStateAndReceipts(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 1, rootOf('a'))
+	st := State{}
+	for seg := int64(1); seg <= MaxReceipts+5; seg++ {
+		v := payload(string(rune('a' + seg%26)))
+		env := w.envelope(a, seg, v)
+		d := Decide(st, Attempt{User: "worker-a", Changed: true, Fence: env, Payload: v}, held(a), w.bundle)
+		if d.Verdict != Accepted {
+			t.Fatalf("segment %d: %s", seg, d.Message)
+		}
+		want := ReceiptDigest(resourceID, 1, a.OperationRoot, seg, "op-worker-a", v)
+		if d.Receipt != want || d.State.LastSegment != seg || d.State.HighestFence != 1 || d.State.Accepted != env {
+			t.Fatalf("segment %d: state %+v receipt %s", seg, d.State, d.Receipt)
+		}
+		st = d.State
+	}
+	if len(st.Receipts) != MaxReceipts || st.Receipts[0].Segment != 6 {
+		t.Fatalf("log not trimmed to the newest %d: first segment %d, len %d", MaxReceipts, st.Receipts[0].Segment, len(st.Receipts))
+	}
+	// State round-trips through the annotations.
+	back, err := StateOf(st.Accepted, EncodeReceipts(st.Receipts))
+	if err != nil || !reflect.DeepEqual(back, st) {
+		t.Fatalf("StateOf: %v\n%+v\n%+v", err, back, st)
+	}
+	// A segment whose receipt fell out of the log cannot be proven a replay.
+	d := Decide(st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 2, payload("x")), Payload: payload("x")}, held(a), w.bundle)
+	if d.Verdict != SegmentOutOfOrder {
+		t.Fatalf("trimmed replay: %s", d.Message)
+	}
+}
+
+func TestReceiptDigestAndPayloadEncoding(t *testing.T) {
+	// Fixed vectors: any change to the encodings breaks clients in the field.
+	if got := ReceiptDigest("r", 3, "sha256:00", 2, "op", "sha256:11"); got != "sha256:"+sha256hex("r\n3\nsha256:00\n2\nop\nsha256:11") {
+		t.Fatalf("receipt digest %s", got)
+	}
+	b, _ := CanonicalJSON(ConfigMapPayload(map[string]string{"b": "<&>", "a": "1"}, map[string][]byte{"bin": {0, 1, 2}}))
+	if string(b) != `{"binaryData":{"bin":"AAEC"},"data":{"a":"1","b":"<&>"}}` {
+		t.Fatalf("configmap payload %s", b)
+	}
+	if b, _ := CanonicalJSON(ConfigMapPayload(nil, nil)); string(b) != `{}` {
+		t.Fatalf("empty configmap payload %s", b)
+	}
+}
+
+func TestParseEnvelopeRejects(t *testing.T) {
+	w := newWorld(t)
+	good := w.envelope(w.grant("a", 1, rootOf('a')), 1, payload("x"))
+	for name, s := range map[string]string{
+		"unknown field":  strings.Replace(good, `"proof"`, `"x":1,"proof"`, 1),
+		"bad payload":    strings.Replace(good, `"payload":"sha256:`, `"payload":"md5:`, 1),
+		"empty op":       strings.Replace(good, `"operation":"op-a"`, `"operation":""`, 1),
+		"segment float":  strings.Replace(good, `"segment":1`, `"segment":1.5`, 1),
+		"segment string": strings.Replace(good, `"segment":1`, `"segment":"1"`, 1),
+		"no proof":       strings.Replace(good, `"proof":"`, `"proof":"`+`"`+`,"_":"`, 1),
+		"trailing":       good + "{}",
+	} {
+		if _, err := ParseEnvelope(s); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+	if _, err := ParseEnvelope(good); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func cloneState(s State) State {
+	s.Receipts = append([]Receipt(nil), s.Receipts...)
+	return s
+}
