@@ -56,9 +56,6 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}); err != nil {
 		return fmt.Errorf("index LockGrants by %s: %w", grantResourceIndex, err)
 	}
-	if err := mgr.Add(r.Issuer); err != nil {
-		return err
-	}
 	name := r.Name
 	if name == "" {
 		name = "grant-issuer"
@@ -131,12 +128,27 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 
 	s := r.Issuer.state()
-	p, err := planGrants(planInput{
+	in := planInput{
 		fr: &fr, grants: grants, holderDeleted: holderDeleted, now: r.Issuer.clock.Now(),
 		epoch: s.epoch, takeoverAt: s.takeoverAt, revokedBelow: s.revokedBelow, signer: s.signer,
-	})
-	if err != nil {
+	}
+	p, err := r.plan(ctx, &in)
+	if err != nil || p.superseded {
+		if p.superseded {
+			ctrl.LoggerFrom(ctx).V(1).Info("a newer issuer epoch owns this resource", "epoch", s.epoch, "registryEpoch", fr.Status.IssuerEpoch)
+		}
 		return ctrl.Result{}, err
+	}
+	if p.policyDenial && !p.statusChanged {
+		// A denial must not rest on a cached, older policy: no compare-and-swap
+		// will check it for us, so read the registry around the cache.
+		var fresh locksv1.FencedResource
+		if err := r.APIReader.Get(ctx, req.NamespacedName, &fresh); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		if fresh.ResourceVersion != fr.ResourceVersion {
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
 	}
 	if p.statusChanged {
 		fr.Status = p.status
@@ -159,8 +171,18 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	grantRevocations.Add(float64(p.revocations))
 
 	byName := map[string]*locksv1.LockGrant{}
-	for i := range grants {
-		byName[grants[i].Name] = &grants[i]
+	byUID := map[string]*locksv1.LockGrant{}
+	for i := range in.grants {
+		byName[in.grants[i].Name] = &in.grants[i]
+		byUID[string(in.grants[i].UID)] = &in.grants[i]
+	}
+	// The decision is committed: record it before anything else can fail.
+	for _, e := range p.events {
+		var regarding client.Object = &fr
+		if lg := byUID[e.grant]; lg != nil {
+			regarding = lg
+		}
+		r.Recorder.Eventf(regarding, &fr, e.kind, e.reason, e.reason, "%s", e.note)
 	}
 	retry := false
 	for _, c := range p.grantStatus {
@@ -193,17 +215,42 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 			retry = true
 		}
 	}
-	for _, e := range p.events {
-		var regarding client.Object = &fr
-		if lg := byName[e.grant]; lg != nil {
-			regarding = lg
-		}
-		r.Recorder.Eventf(regarding, &fr, e.kind, e.reason, e.reason, "%s", e.note)
-	}
 	if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	return ctrl.Result{RequeueAfter: p.requeueAfter}, nil
+}
+
+// plan runs planGrants and, before a fence is handed to a LockGrant, confirms
+// with an uncached read that the LockGrant still waits and was never granted:
+// a cache that missed its earlier grant must not earn it a second fence.
+func (r *GrantIssuerReconciler) plan(ctx context.Context, in *planInput) (planOutput, error) {
+	for attempt := 0; ; attempt++ {
+		p, err := planGrants(*in)
+		if err != nil || p.issuedTo == "" || attempt == 3 {
+			if attempt == 3 && p.issuedTo != "" {
+				return planOutput{}, fmt.Errorf("LockGrant cache keeps disagreeing with the API server about %s", p.issuedTo)
+			}
+			return p, err
+		}
+		i := slices.IndexFunc(in.grants, func(lg locksv1.LockGrant) bool { return lg.Name == p.issuedTo })
+		cached := &in.grants[i]
+		var fresh locksv1.LockGrant
+		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh)
+		switch {
+		case apierrors.IsNotFound(err):
+			in.grants = slices.Delete(slices.Clone(in.grants), i, i+1)
+		case err != nil:
+			return planOutput{}, err
+		case fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
+			fresh.DeletionTimestamp == nil && !fresh.Spec.Release:
+			return p, nil
+		default:
+			grants := slices.Clone(in.grants)
+			grants[i] = fresh
+			in.grants = grants
+		}
+	}
 }
 
 // patchGrant applies mutate as a merge patch conditioned on the resourceVersion

@@ -31,7 +31,7 @@ type planInput struct {
 
 // planEvent is an Event to emit once the writes it describes succeeded.
 type planEvent struct {
-	grant  string // LockGrant name; "" for an event about the FencedResource only
+	grant  string // LockGrant UID; "" for an event about the FencedResource only
 	kind   string // corev1.EventTypeNormal or Warning
 	reason string
 	note   string
@@ -49,8 +49,17 @@ type planOutput struct {
 	addFinalizer, removeFinalizer []string
 	events                        []planEvent
 	requeueAfter                  time.Duration
-	issued, handoffs, expiries    int
-	releases, revocations         int
+	// issuedTo is the LockGrant given a new fence; the caller confirms with an
+	// uncached read that it was never granted before committing.
+	issuedTo string
+	// policyDenial is set when a request is denied by the FencedResource's
+	// policy; the caller confirms the policy is current before writing it.
+	policyDenial bool
+	// superseded is set when a newer issuer epoch already wrote this registry
+	// entry: this issuer must not decide anything for it.
+	superseded                 bool
+	issued, handoffs, expiries int
+	releases, revocations      int
 }
 
 // endedPhase decides why a holder's grant ended, or "" if it still holds.
@@ -62,6 +71,10 @@ func endedPhase(in *planInput, h *locksv1.Holder, lg *locksv1.LockGrant) (locksv
 		return locksv1.PhaseReleased, locksv1.ReasonDeleted
 	case h.IssuerEpoch < in.revokedBelow:
 		return locksv1.PhaseRevoked, locksv1.ReasonRevoked
+	case h.PolicyGeneration != in.fr.Generation:
+		// The acceptance point refuses grants of an old policy (POLICY_STALE);
+		// ending it now hands the resource on instead of letting it idle to expiry.
+		return locksv1.PhaseRevoked, locksv1.ReasonPolicyChanged
 	case lg.DeletionTimestamp != nil:
 		return locksv1.PhaseReleased, locksv1.ReasonDeleted
 	case !in.now.Before(h.ExpiresAt.Time):
@@ -94,6 +107,11 @@ func arrivedBefore(a, b *locksv1.LockGrant) bool {
 	return a.Name < b.Name
 }
 
+// granted reports whether lg holds or ever held a grant.
+func granted(fr *locksv1.FencedResource, lg *locksv1.LockGrant) bool {
+	return lg.Status.Grant != nil || isHolder(fr.Status.Holder, lg)
+}
+
 func isHolder(h *locksv1.Holder, lg *locksv1.LockGrant) bool {
 	return h != nil && lg != nil && h.GrantName == lg.Name && h.GrantUID == string(lg.UID)
 }
@@ -110,11 +128,29 @@ func planGrants(in planInput) (planOutput, error) {
 	byName := make(map[string]*locksv1.LockGrant, len(in.grants))
 	first := map[string]string{} // requestID -> earliest LockGrant name
 	for i := range in.grants {
+		byName[in.grants[i].Name] = &in.grants[i]
+	}
+	// One LockGrant per requestID is served: one that was granted already,
+	// otherwise the earliest (the webhook's check can race with a twin create).
+	for i := range in.grants {
 		lg := &in.grants[i]
-		byName[lg.Name] = lg
-		if n, ok := first[lg.Spec.RequestID]; !ok || arrivedBefore(lg, byName[n]) {
+		n, ok := first[lg.Spec.RequestID]
+		if !ok {
+			first[lg.Spec.RequestID] = lg.Name
+			continue
+		}
+		cur := byName[n]
+		if granted(fr, cur) != granted(fr, lg) {
+			if granted(fr, lg) {
+				first[lg.Spec.RequestID] = lg.Name
+			}
+		} else if arrivedBefore(lg, cur) {
 			first[lg.Spec.RequestID] = lg.Name
 		}
+	}
+	if fr.Status.IssuerEpoch > in.epoch {
+		out.superseded = true
+		return out, nil
 	}
 
 	// A new issuer epoch cannot know the old leader's clock, so it extends held
@@ -123,7 +159,7 @@ func planGrants(in planInput) (planOutput, error) {
 		if h := st.Holder; h != nil {
 			if ext := in.takeoverAt.Add(lease); ext.After(h.ExpiresAt.Time) {
 				h.ExpiresAt = metav1.NewMicroTime(ext)
-				out.events = append(out.events, planEvent{h.GrantName, "Normal", "LeaseExtended",
+				out.events = append(out.events, planEvent{h.GrantUID, "Normal", "LeaseExtended",
 					fmt.Sprintf("issuer epoch %d took over; lease of fence %d extended to %s", in.epoch, h.FenceToken, ext.UTC().Format(time.RFC3339))})
 			}
 		}
@@ -139,7 +175,7 @@ func planGrants(in planInput) (planOutput, error) {
 			lg = nil
 		}
 		if phase, reason := endedPhase(&in, h, lg); phase != "" {
-			ended[h.GrantName] = terminalStatus(holderStatus(fr, h), phase, reason, in.now)
+			ended[h.GrantUID] = terminalStatus(holderStatus(fr, h), phase, reason, in.now)
 			st.Holder = nil
 			handoff = true
 			switch phase {
@@ -154,7 +190,7 @@ func planGrants(in planInput) (planOutput, error) {
 			if phase != locksv1.PhaseReleased {
 				kind = "Warning"
 			}
-			out.events = append(out.events, planEvent{h.GrantName, kind, reason,
+			out.events = append(out.events, planEvent{h.GrantUID, kind, reason,
 				fmt.Sprintf("grant with fence %d for %s ended: %s", h.FenceToken, h.Owner, strings.ToLower(string(phase)))})
 		} else if lg.Spec.Renewals > h.ObservedRenewals {
 			// A renewal counts only if the issuer sees it before expiresAt (checked above).
@@ -168,7 +204,7 @@ func planGrants(in planInput) (planOutput, error) {
 	keep := st.Queue[:0:0]
 	for _, q := range st.Queue {
 		lg := byName[q.GrantName]
-		if lg == nil || lg.DeletionTimestamp != nil || lg.Spec.Release || lg.Status.Phase.Terminal() || isHolder(st.Holder, lg) {
+		if lg == nil || lg.DeletionTimestamp != nil || lg.Spec.Release || lg.Status.Phase.Terminal() || isHolder(st.Holder, lg) || lg.Status.Grant != nil {
 			continue
 		}
 		if r, _ := denial(fr, lg, first); r != "" {
@@ -181,7 +217,7 @@ func planGrants(in planInput) (planOutput, error) {
 	for i := range in.grants {
 		lg := &in.grants[i]
 		if queued[lg.Name] || isHolder(st.Holder, lg) || isHolder(fr.Status.Holder, lg) || lg.DeletionTimestamp != nil ||
-			lg.Spec.Release || lg.Status.Phase == locksv1.PhaseHeld || lg.Status.Phase.Terminal() {
+			lg.Spec.Release || lg.Status.Grant != nil || lg.Status.Phase == locksv1.PhaseHeld || lg.Status.Phase.Terminal() {
 			continue
 		}
 		if r, _ := denial(fr, lg, first); r != "" {
@@ -234,13 +270,14 @@ func planGrants(in planInput) (planOutput, error) {
 		st.FenceToken = fence
 		st.BackendRevision = fr.ResourceVersion
 		out.issued++
+		out.issuedTo = head.Name
 		reason, note := "Issued", fmt.Sprintf("fence %d issued to %s (lease %s)", fence, h.Owner, h.Lease)
 		if handoff {
 			out.handoffs++
 			reason = "HandedOff"
 			note = fmt.Sprintf("handed off to %s with fence %d", h.Owner, fence)
 		}
-		out.events = append(out.events, planEvent{head.Name, "Normal", reason, note})
+		out.events = append(out.events, planEvent{string(head.UID), "Normal", reason, note})
 	}
 	st.PolicyGeneration = fr.Generation
 
@@ -251,6 +288,13 @@ func planGrants(in planInput) (planOutput, error) {
 	} else {
 		// No epoch in the message: two issuers must not flap it between them.
 		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionReady, true, locksv1.ReasonIssuing, "grants are issued")
+	}
+	// A fence regression ends when an operator raised fenceFloor to at least
+	// the highest fence the target accepted; the issuer never lowers that fence.
+	if c := meta.FindStatusCondition(st.Conditions, locksv1.ConditionFenceRegression); c != nil && c.Status == metav1.ConditionTrue &&
+		fr.Spec.FenceFloor >= st.HighestObservedFence {
+		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionFenceRegression, false, locksv1.ReasonFloorAboveTarget,
+			fmt.Sprintf("spec.fenceFloor %d is at or above the highest fence seen at the target (%d); new grants are issued above it", fr.Spec.FenceFloor, st.HighestObservedFence))
 	}
 	if h := st.Holder; h != nil {
 		setCondition(&st.Conditions, fr.Generation, locksv1.ConditionHeld, true, locksv1.ReasonHolderActive,
@@ -272,12 +316,15 @@ func planGrants(in planInput) (planOutput, error) {
 		want, ok := desiredGrantStatus(&in, st, lg, ended, inQueue, first)
 		if ok && !sameGrantStatus(lg.Status, want) {
 			out.grantStatus = append(out.grantStatus, grantStatusChange{lg.Name, want})
+			if want.Phase == locksv1.PhaseDenied {
+				out.policyDenial = true
+			}
 		}
 		switch {
 		case lg.DeletionTimestamp != nil && !isHolder(st.Holder, lg) && slices.Contains(lg.Finalizers, locksv1.GrantFinalizer):
 			out.removeFinalizer = append(out.removeFinalizer, lg.Name)
 		case lg.DeletionTimestamp == nil && !lg.Status.Phase.Terminal() && !slices.Contains(lg.Finalizers, locksv1.GrantFinalizer):
-			if _, endsNow := ended[lg.Name]; !endsNow {
+			if _, endsNow := ended[string(lg.UID)]; !endsNow {
 				out.addFinalizer = append(out.addFinalizer, lg.Name)
 			}
 		}
@@ -312,7 +359,7 @@ func desiredGrantStatus(in *planInput, st locksv1.FencedResourceStatus, lg *lock
 	if cur.Phase.Terminal() {
 		return cur, false
 	}
-	if s, ok := ended[lg.Name]; ok {
+	if s, ok := ended[string(lg.UID)]; ok {
 		return s, true
 	}
 	if isHolder(st.Holder, lg) {
@@ -328,6 +375,8 @@ func desiredGrantStatus(in *planInput, st locksv1.FencedResourceStatus, lg *lock
 		switch {
 		case cur.Grant.IssuerEpoch < in.revokedBelow:
 			phase, reason = locksv1.PhaseRevoked, locksv1.ReasonRevoked
+		case cur.Grant.PolicyGeneration != in.fr.Generation:
+			phase, reason = locksv1.PhaseRevoked, locksv1.ReasonPolicyChanged
 		case lg.DeletionTimestamp != nil:
 			phase, reason = locksv1.PhaseReleased, locksv1.ReasonDeleted
 		case lg.Spec.Release:

@@ -221,3 +221,47 @@ func TestPlanHolderDeletedAndFinalizers(t *testing.T) {
 		t.Fatalf("holder not released: %+v", f.Status.Holder)
 	}
 }
+
+func TestPlanSupersededIssuerDecidesNothing(t *testing.T) {
+	f := fr(10)
+	f.Status.IssuerEpoch = 7
+	grants := []locksv1.LockGrant{lg("a", 0)}
+	out, err := planGrants(planInput{fr: f, grants: grants, now: t0, epoch: 6, takeoverAt: t0, signer: testSigner(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !out.superseded || out.statusChanged || out.issued != 0 || len(out.grantStatus) != 0 {
+		t.Fatalf("an older epoch acted: %+v", out)
+	}
+}
+
+func TestPlanRevokesHoldersOfAnOldPolicy(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
+	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	f.Generation++ // e.g. Shadow -> Enforce
+	out := apply(t, in)
+	if got := phases(grants); got != "a=Revoked b=Held" || out.revocations != 1 || f.Status.Holder.PolicyGeneration != f.Generation {
+		t.Fatalf("%s", got)
+	}
+}
+
+func TestPlanDoesNotRequeueAGrantedRequest(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
+	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	// a expired and b took over, but a's Expired status never landed, and the
+	// cache still shows a as Pending-with-grant: it must not be queued again.
+	grants[0].Status.Phase = locksv1.PhasePending
+	in.now = t0.Add(11 * time.Second)
+	apply(t, in)
+	grants[0].Status.Phase = locksv1.PhasePending
+	out := apply(t, in)
+	for _, q := range f.Status.Queue {
+		if q.GrantName == "a" {
+			t.Fatalf("a granted request was queued again: %+v (%+v)", f.Status.Queue, out)
+		}
+	}
+}

@@ -21,6 +21,10 @@ type Options struct {
 	InstanceName string
 	// MaxConcurrentReconciles bounds how many FencedResources are decided at once.
 	MaxConcurrentReconciles int
+	// Issuer, when set, is shared instead of creating one: a second controller
+	// with its own cache then decides under the same signing key and epoch
+	// (tests race two such controllers on one resource).
+	Issuer *Issuer
 	// WrapClient, when set, wraps the issuing controller's client; tests use it
 	// to inject faults such as a crash between two writes.
 	WrapClient func(client.Client) client.Client
@@ -40,7 +44,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 		}
 		return base + "-" + o.InstanceName
 	}
-	issuer := NewIssuer(mgr.GetClient(), mgr.GetAPIReader(), o.Namespace, o.Clock, mgr.GetLogger().WithName("issuer"))
+	issuer := o.Issuer
+	if issuer == nil {
+		issuer = NewIssuer(mgr.GetClient(), mgr.GetAPIReader(), o.Namespace, o.Clock, mgr.GetLogger().WithName("issuer"))
+		if err := mgr.Add(issuer); err != nil {
+			return nil, err
+		}
+	}
 	c := mgr.GetClient()
 	if o.WrapClient != nil {
 		c = o.WrapClient(c)

@@ -57,6 +57,12 @@ func (r *TrustBundleReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		ctrl.LoggerFrom(ctx).Error(err, "trust bundle is invalid; keeping the last one loaded")
 		return ctrl.Result{}, nil
 	}
+	signer := r.Issuer.state().signer
+	if pub, ok := b.Keys[signer.KeyID()]; !ok || !pub.Equal(signer.PublicKey()) {
+		// Verifiers would reject every grant this issuer signs from now on.
+		ctrl.LoggerFrom(ctx).Error(nil, "trust bundle no longer trusts the signing key; keeping the last one loaded", "keyID", signer.KeyID())
+		return ctrl.Result{}, nil
+	}
 	if r.Issuer.setBundle(b) {
 		ctrl.LoggerFrom(ctx).Info("revocation epoch changed", "revokedBelowEpoch", b.RevokedBelowEpoch)
 		r.Issuer.ResyncAll()

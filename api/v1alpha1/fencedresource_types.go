@@ -29,14 +29,15 @@ const (
 
 // Condition reasons of a FencedResource.
 const (
-	ReasonIssuing          = "Issuing"
-	ReasonEpochRevoked     = "IssuerEpochRevoked"
-	ReasonHolderActive     = "GrantHeld"
-	ReasonNoHolder         = "NoHolder"
-	ReasonNoRegression     = "NoRegression"
-	ReasonRegressionFound  = "RegistryBehindTarget"
-	ReasonNothingUnknown   = "NoUnknownOutcomes"
-	ReasonUnknownOutcomes  = "UnknownOutcomes"
+	ReasonIssuing           = "Issuing"
+	ReasonEpochRevoked      = "IssuerEpochRevoked"
+	ReasonHolderActive      = "GrantHeld"
+	ReasonNoHolder          = "NoHolder"
+	ReasonNoRegression      = "NoRegression"
+	ReasonRegressionFound   = "RegistryBehindTarget"
+	ReasonFloorAboveTarget  = "FenceFloorAboveTarget"
+	ReasonNothingUnknown    = "NoUnknownOutcomes"
+	ReasonUnknownOutcomes   = "UnknownOutcomes"
 	ReasonTargetUnprotected = "TargetUnprotected"
 )
 
@@ -105,6 +106,7 @@ type FencedResourceSpec struct {
 	// +optional
 	// +kubebuilder:default=0
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4611686018427387904
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fenceFloor may only grow"
 	FenceFloor int64 `json:"fenceFloor,omitempty"`
 }
@@ -208,6 +210,7 @@ const MaxQueueLength = 256
 type FencedResourceStatus struct {
 	// fenceToken is the highest fence ever issued for the resource; it never decreases.
 	// +optional
+	// +kubebuilder:default=0
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fenceToken never decreases"
 	FenceToken int64 `json:"fenceToken,omitempty"`
@@ -227,6 +230,7 @@ type FencedResourceStatus struct {
 	PolicyGeneration int64 `json:"policyGeneration,omitempty"`
 	// issuerEpoch is the highest issuer epoch that wrote this status.
 	// +optional
+	// +kubebuilder:default=0
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="issuerEpoch never decreases"
 	IssuerEpoch int64 `json:"issuerEpoch,omitempty"`
 	// highestObservedFence is the highest fence seen at the target.

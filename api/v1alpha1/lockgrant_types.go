@@ -47,6 +47,7 @@ const (
 	ReasonReleased         = "Released"
 	ReasonDeleted          = "Deleted"
 	ReasonRevoked          = "EpochRevoked"
+	ReasonPolicyChanged    = "PolicyChanged"
 	ReasonOwnerNotAllowed  = "OwnerNotAllowed"
 	ReasonCategoryDenied   = "OperationCategoryNotAllowed"
 	ReasonDuplicateRequest = "DuplicateRequestID"
@@ -91,6 +92,7 @@ type LockGrantSpec struct {
 
 	// operationCategory classifies the operation; the FencedResource may restrict it.
 	// +optional
+	// +kubebuilder:default=""
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="operationCategory is immutable"
 	OperationCategory string `json:"operationCategory,omitempty"`

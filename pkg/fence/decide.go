@@ -61,6 +61,10 @@ type State struct {
 	// Accepted is the last accepted envelope exactly as stored ("" if none):
 	// presenting it again is not a fresh segment.
 	Accepted string
+	// GrantDigest identifies the grant of the last accepted segment. A fence
+	// belongs to exactly one grant, so another grant with the same fence means
+	// the registry issued it twice.
+	GrantDigest string
 }
 
 // StateOf derives the stored state from an object's fence and receipts annotations.
@@ -77,7 +81,7 @@ func StateOf(fenceAnnotation, receiptsAnnotation string) (State, error) {
 		return State{}, fmt.Errorf("stored fence annotation: %w", err)
 	}
 	return State{HighestFence: e.Grant.FenceToken, Root: e.Grant.OperationRoot, LastSegment: e.Segment,
-		Receipts: rs, Accepted: fenceAnnotation}, nil
+		Receipts: rs, Accepted: fenceAnnotation, GrantDigest: e.Grant.Digest()}, nil
 }
 
 // Holder is the registry's current holder, as a linearizable read returned it.
@@ -91,8 +95,10 @@ type Holder struct {
 
 // Registry is a linearizable view of the resource's registry entry.
 type Registry struct {
-	// Found is false when there is no registry entry for the resource.
+	// Found is false when there is no registry entry for the resource;
+	// Missing then says why (shown in the WRONG_RESOURCE message).
 	Found      bool
+	Missing    string
 	ResourceID string
 	// Generation is the entry's current policy generation.
 	Generation int64
@@ -163,7 +169,7 @@ func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decisi
 		return withEnvelope(deny(ForgedGrant, "%v", err), e)
 	}
 	if !reg.Found {
-		return withEnvelope(deny(WrongResource, "no FencedResource registers this object"), e)
+		return withEnvelope(deny(WrongResource, "%s", reg.missing()), e)
 	}
 	if g.Resource != reg.ResourceID {
 		return withEnvelope(deny(WrongResource, "the grant is for resource %q, this object is %q", g.Resource, reg.ResourceID), e)
@@ -181,15 +187,16 @@ func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decisi
 	// Fence rules against the stored state and the registry.
 	f, h := g.FenceToken, st.HighestFence
 	current, notCurrent, why := isCurrent(g, reg)
+	otherGrant := f == h && (g.OperationRoot != st.Root || (st.GrantDigest != "" && g.Digest() != st.GrantDigest))
 	switch {
 	case f < h && current:
 		return withEnvelope(deny(FenceRegression, "the registry's current grant has fence %d but the object already accepted fence %d: the registry went backwards; raise spec.fenceFloor above %d", f, h, h), e)
 	case f < h:
 		return withEnvelope(deny(StaleOwner, "fence %d is older than fence %d the object already accepted", f, h), e)
-	case f == h && g.OperationRoot != st.Root && current:
-		return withEnvelope(deny(FenceRegression, "fence %d was already used at this object under another operation root: the registry went backwards; raise spec.fenceFloor above %d", f, h), e)
-	case f == h && g.OperationRoot != st.Root:
-		return withEnvelope(deny(RootMismatch, "fence %d is bound to operation root %s at this object, the grant has %s", f, st.Root, g.OperationRoot), e)
+	case otherGrant && current:
+		return withEnvelope(deny(FenceRegression, "fence %d was already used at this object by another grant: the registry went backwards; raise spec.fenceFloor above %d", f, h), e)
+	case otherGrant:
+		return withEnvelope(deny(RootMismatch, "fence %d is bound to another grant (operation root %s) at this object; this grant has root %s", f, st.Root, g.OperationRoot), e)
 	case !current:
 		return withEnvelope(deny(notCurrent, "%s", why), e)
 	case f > h && e.Segment != 1:
@@ -198,7 +205,7 @@ func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decisi
 		r := Receipt{Fence: f, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
 			Receipt: ReceiptDigest(reg.ResourceID, f, g.OperationRoot, e.Segment, e.Operation, e.Payload)}
 		next := State{HighestFence: f, Root: g.OperationRoot, LastSegment: e.Segment,
-			Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence}
+			Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence, GrantDigest: g.Digest()}
 		return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: fence %d segment %d, receipt %s", f, e.Segment, r.Receipt),
 			Receipt: r.Receipt, State: next, Envelope: &e}
 	case e.Segment > st.LastSegment+1:
@@ -239,7 +246,7 @@ func decideDelete(st State, a Attempt, reg Registry, deny func(Verdict, string, 
 	h := reg.Holder
 	switch {
 	case !reg.Found:
-		return deny(WrongResource, "no FencedResource registers this object")
+		return deny(WrongResource, "%s", reg.missing())
 	case h == nil || !reg.Now.Before(h.ExpiresAt):
 		return deny(NotHeld, "deleting a protected object needs the currently held grant; the registry shows none")
 	case a.User != h.Owner:
@@ -248,6 +255,13 @@ func decideDelete(st State, a Attempt, reg Registry, deny func(Verdict, string, 
 		return deny(FenceRegression, "the holder's fence %d is below fence %d the object already accepted: the registry went backwards; raise spec.fenceFloor above %d", h.Fence, st.HighestFence, st.HighestFence)
 	}
 	return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: deletion by the holder of fence %d", h.Fence), State: st}
+}
+
+func (r Registry) missing() string {
+	if r.Missing != "" {
+		return r.Missing
+	}
+	return "no FencedResource registers this object"
 }
 
 func withEnvelope(d Decision, e Envelope) Decision {

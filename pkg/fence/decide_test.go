@@ -90,10 +90,11 @@ func TestDecideVerdicts(t *testing.T) {
 	revoked := w.grant("worker-a", 5, rootOf('a'))
 	revoked.IssuerEpoch = 0
 	revokedBundle := grant.NewTrustBundle(1, w.signer)
-	staleGen := a
-	staleGen.PolicyGeneration = 0
+	policyMoved := held(a)
+	policyMoved.Generation = 2
 	regressed := w.grant("worker-c", 4, rootOf('c')) // the registry went back and issued fence 4
 	sameFenceOtherRoot := w.grant("worker-c", 5, rootOf('c'))
+	sameFenceSameRoot := w.grant("worker-c", 5, rootOf('a'))
 
 	expired := held(a)
 	expired.Now = now.Add(time.Minute)
@@ -127,10 +128,11 @@ func TestDecideVerdicts(t *testing.T) {
 		{"registry regressed below the object", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(regressed, 1, payload("c1")), Payload: payload("c1")}, held(regressed), nil, FenceRegression},
 		{"registry reissued the same fence", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceOtherRoot, 1, payload("c1")), Payload: payload("c1")}, held(sameFenceOtherRoot), nil, FenceRegression},
 		{"older fence, not current", st, Attempt{User: "worker-z", Changed: true, Fence: w.envelope(w.grant("worker-z", 3, rootOf('e')), 1, payload("z")), Payload: payload("z")}, held(a), nil, StaleOwner},
+		{"registry reissued the same fence and root", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceSameRoot, 1, payload("c1")), Payload: payload("c1")}, held(sameFenceSameRoot), nil, FenceRegression},
 		{"equal fence, other root, not current", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceOtherRoot, 3, payload("c1")), Payload: payload("c1")}, held(b), nil, RootMismatch},
 		{"expired holder continues", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, expired, nil, NotHeld},
 		{"holder moved on", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, held(b), nil, NotHeld},
-		{"policy changed", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(staleGen, 3, payload("a3")), Payload: payload("a3")}, held(staleGen), nil, PolicyStale},
+		{"policy changed", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, policyMoved, nil, PolicyStale},
 		{"higher fence with segment 2", st, Attempt{User: "worker-b", Changed: true, Fence: w.envelope(b, 2, payload("b2")), Payload: payload("b2")}, held(b), nil, SegmentOutOfOrder},
 		{"higher fence with segment 1", st, Attempt{User: "worker-b", Changed: true, Fence: w.envelope(b, 1, payload("b1")), Payload: payload("b1")}, held(b), nil, Accepted},
 		{"equal fence, next segment", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, held(a), nil, Accepted},
@@ -263,4 +265,41 @@ func TestParseEnvelopeRejects(t *testing.T) {
 func cloneState(s State) State {
 	s.Receipts = append([]Receipt(nil), s.Receipts...)
 	return s
+}
+
+func TestObjectPayloadMatchesTypedConfigMap(t *testing.T) {
+	cm := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "x"},
+		"data": map[string]any{"a": "1"}, "binaryData": map[string]any{"bin": "AAEC"}}
+	got, _ := PayloadDigest(ObjectPayload(cm))
+	want, _ := PayloadDigest(ConfigMapPayload(map[string]string{"a": "1"}, map[string][]byte{"bin": {0, 1, 2}}))
+	if got != want {
+		t.Fatalf("unstructured %s != typed %s", got, want)
+	}
+	cr := map[string]any{"apiVersion": "billing.example.com/v1", "kind": "InvoiceBatch", "spec": map[string]any{"total": int64(3)}}
+	if b, _ := CanonicalJSON(ObjectPayload(cr)); string(b) != `{"total":3}` {
+		t.Fatalf("cr payload %s", b)
+	}
+	if b, _ := CanonicalJSON(ObjectPayload(map[string]any{"kind": "X"})); string(b) != `{}` {
+		t.Fatalf("no spec %s", b)
+	}
+}
+
+func TestStampProducesWhatDecideAccepts(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 1, rootOf('a'))
+	ann := map[string]string{}
+	st := State{}
+	for seg := int64(1); seg <= 3; seg++ {
+		_, proof, _ := w.signer.Sign(a)
+		env := Envelope{Grant: a, Proof: proof, Operation: "op", Segment: seg, Payload: payload("v")}
+		r, err := Stamp(ann, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := Decide(st, Attempt{User: "worker-a", Changed: true, Fence: ann[AnnotationFence], Payload: payload("v")}, held(a), w.bundle)
+		if d.Verdict != Accepted || d.Receipt != r.Receipt || EncodeReceipts(d.State.Receipts) != ann[AnnotationReceipts] {
+			t.Fatalf("segment %d: %s", seg, d.Message)
+		}
+		st = d.State
+	}
 }

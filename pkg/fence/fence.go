@@ -187,3 +187,20 @@ func compact(v any) []byte {
 	}
 	return b
 }
+
+// Stamp prepares a fenced write: given the annotations of the object as read
+// (they hold the stored receipt log), it sets the fence annotation to env and
+// the receipt log to the stored log plus env's receipt. The caller writes the
+// object with these annotations and the content env.Payload digests, in one write.
+func Stamp(annotations map[string]string, env Envelope) (Receipt, error) {
+	stored, err := ParseReceipts(annotations[AnnotationReceipts])
+	if err != nil {
+		return Receipt{}, err
+	}
+	g := env.Grant
+	r := Receipt{Fence: g.FenceToken, Segment: env.Segment, Operation: env.Operation, Payload: env.Payload,
+		Receipt: ReceiptDigest(g.Resource, g.FenceToken, g.OperationRoot, env.Segment, env.Operation, env.Payload)}
+	annotations[AnnotationFence] = env.Encode()
+	annotations[AnnotationReceipts] = EncodeReceipts(AppendReceipt(stored, r))
+	return r, nil
+}

@@ -123,9 +123,10 @@ func (g *Grant) Digest() string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Decode parses a grant strictly: unknown fields, trailing data, numbers that
-// do not fit an int64 and oversized input are all ErrMalformed. The result is
-// validated.
+// Decode parses a grant strictly: it must be in canonical form (so no two
+// parsers can read the same bytes differently: no duplicate or case-folded
+// keys), and unknown fields, numbers that do not fit an int64 and oversized
+// input are all ErrMalformed. The result is validated.
 func Decode(data []byte) (Grant, error) {
 	var g Grant
 	if len(data) > MaxDocumentBytes {
@@ -141,6 +142,9 @@ func Decode(data []byte) (Grant, error) {
 	}
 	if err := g.Validate(); err != nil {
 		return Grant{}, err
+	}
+	if !bytes.Equal(g.Canonical(), data) {
+		return Grant{}, fmt.Errorf("%w: the document is not in canonical form (keys in schema order, no whitespace)", ErrMalformed)
 	}
 	return g, nil
 }

@@ -158,6 +158,10 @@ func TestDecodeRejectsBadDocuments(t *testing.T) {
 		"ttl out of range": strings.Replace(good, `"ttlSeconds":10`, `"ttlSeconds":0`, 1),
 		"bad issuedAt":     strings.Replace(good, "2026-07-19T10:00:00Z", "yesterday", 1),
 		"empty owner":      strings.Replace(good, `"system:serviceaccount:billing:worker-7"`, `""`, 1),
+		"duplicate key":    strings.Replace(good, `"owner":`, `"owner":"x","owner":`, 1),
+		"case-folded key":  strings.Replace(good, `"owner":`, `"OWNER":`, 1),
+		"whitespace":       strings.Replace(good, `,"lease"`, `, "lease"`, 1),
+		"reordered keys":   strings.Replace(strings.Replace(good, `"schema":"lockGrant.v1",`, ``, 1), `}`, `,"schema":"lockGrant.v1"}`, 1),
 	}
 	for name, doc := range cases {
 		if _, err := Decode([]byte(doc)); !errors.Is(err, ErrMalformed) {

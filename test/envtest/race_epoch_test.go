@@ -17,9 +17,11 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
-var _ = Describe("two issuers with independent caches racing on the same resources", func() {
+var _ = Describe("two issuing controllers with independent caches racing on the same resources", func() {
 	It("never issue the same fence twice, over many repetitions", func() {
-		racer := startOperator("racer", primary.clock, controllers.Options{MaxConcurrentReconciles: 4})
+		// The racer shares the primary's issuer (key and epoch) but has its own
+		// manager, cache and workqueue, so both decide every resource at once.
+		racer := startOperator("racer", primary.clock, controllers.Options{MaxConcurrentReconciles: 4, Issuer: primary.issuer})
 		DeferCleanup(racer.stop)
 		writes0, conflicts0 := metricValue("fencekeeper_registry_writes_total"), metricValue("fencekeeper_fence_cas_conflicts_total")
 

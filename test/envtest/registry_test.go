@@ -294,7 +294,7 @@ var _ = Describe("the lock registry", func() {
 		// LockGrant status write lands.
 		primary.stop()
 		var allocated atomic.Bool
-		crashy := startOperator("crashy", primary.clock, controllers.Options{WrapClient: func(c client.Client) client.Client {
+		crashy := startOperator("crashy", issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
 			return &failGrantStatusWrites{Client: c, failed: &allocated}
 		}})
 		newFencedResource(ns, "batch", 30)
@@ -306,7 +306,7 @@ var _ = Describe("the lock registry", func() {
 		Expect(fr.Status.FenceToken).To(Equal(int64(1)))
 		Expect(getGrant(ns, a.Name).Status.Phase).NotTo(Equal(locksv1.PhaseHeld))
 
-		primary = startOperator("primary-2", primary.clock, controllers.Options{})
+		primary = startOperator("primary-2", issuerClock, controllers.Options{})
 		held := waitPhase(a, locksv1.PhaseHeld)
 		Expect(held.Status.Grant.FenceToken).To(Equal(int64(1)), "the allocated fence is completed, not re-issued")
 		Expect(held.Status.Digest).To(Equal(fr.Status.Holder.Digest))

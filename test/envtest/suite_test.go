@@ -16,6 +16,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,6 +60,8 @@ var (
 	// primary is the issuer most specs run against; specs that restart the
 	// issuer replace it.
 	primary *operator
+	// issuerClock is the operator's clock: the issuers' and the webhook's.
+	issuerClock *clocktesting.FakeClock
 )
 
 func TestEnvtest(t *testing.T) {
@@ -80,10 +83,10 @@ var _ = BeforeSuite(func() {
 	Expect(filepath.Join(assets, "kube-apiserver")).To(BeAnExistingFile(),
 		"the control plane is not built: run `make test` (or hack/build-control-plane.sh) first")
 	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "test", "envtest", "testdata")},
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: assets,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")}},
+		WebhookInstallOptions: envtest.WebhookInstallOptions{ValidatingWebhooks: webhookConfigurations(root)},
 	}
 	var err error
 	adminCfg, err = testEnv.Start()
@@ -108,8 +111,20 @@ var _ = BeforeSuite(func() {
 	}
 	opSubject := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUser}
 	bind("ClusterRole", "manager-role", "", opSubject)
+	bind("ClusterRole", "target-reader", "", opSubject)
 	bind("Role", "manager-role", opNamespace, opSubject)
-	bind("ClusterRole", "lockgrant-requester", "", rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: workersGroup})
+	workerSubject := rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: workersGroup}
+	bind("ClusterRole", "lockgrant-requester", "", workerSubject)
+	// The protected objects of the tests: workers write them, the operator reads
+	// the custom kind's targets (as an installation grants for its kinds).
+	Expect(admin.Create(suiteCtx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "protected-object-writer"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+		{APIGroups: []string{"billing.example.com"}, Resources: []string{"invoicebatches"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+	}})).To(Succeed())
+	bind("ClusterRole", "protected-object-writer", "", workerSubject)
+	Expect(admin.Create(suiteCtx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "target-reader"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"billing.example.com"}, Resources: []string{"invoicebatches"}, Verbs: []string{"get"}},
+	}})).To(Succeed())
 
 	opUser, err := testEnv.AddUser(envtest.User{Name: operatorUser}, adminCfg)
 	Expect(err).NotTo(HaveOccurred())
@@ -122,8 +137,9 @@ var _ = BeforeSuite(func() {
 		Expect(err).NotTo(HaveOccurred())
 	}
 
+	issuerClock = clocktesting.NewFakeClock(time.Now())
 	startWebhookServer()
-	primary = startOperator("primary", clocktesting.NewFakeClock(time.Now()), controllers.Options{})
+	primary = startOperator("primary", issuerClock, controllers.Options{})
 })
 
 var _ = AfterSuite(func() {
@@ -153,11 +169,34 @@ func startWebhookServer() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(webhooks.SetupLockGrantWebhook(mgr)).To(Succeed())
+	Expect(webhooks.SetupFencedResourceWebhook(mgr)).To(Succeed())
+	_, err = webhooks.SetupProtectedWebhook(mgr, opNamespace, issuerClock)
+	Expect(err).NotTo(HaveOccurred())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(suiteCtx)).To(Succeed())
 	}()
 	Eventually(func() error { return mgr.GetWebhookServer().StartedChecker()(nil) }).Should(Succeed())
+}
+
+// webhookConfigurations loads the generated webhook manifests and adds the
+// test's custom kind to the protected-object webhook, as an installation adds
+// its own kinds (docs/protecting-objects.md).
+func webhookConfigurations(root string) []*admissionregistrationv1.ValidatingWebhookConfiguration {
+	var out []*admissionregistrationv1.ValidatingWebhookConfiguration
+	for _, obj := range loadYAML(filepath.Join(root, "config", "webhook", "manifests.yaml")) {
+		cfg := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration)
+		for i := range cfg.Webhooks {
+			if cfg.Webhooks[i].Name == "vprotected.fencekeeper.dev" {
+				rule := cfg.Webhooks[i].Rules[0].DeepCopy()
+				rule.APIGroups, rule.APIVersions, rule.Resources = []string{"billing.example.com"}, []string{"v1"}, []string{"invoicebatches"}
+				cfg.Webhooks[i].Rules = append(cfg.Webhooks[i].Rules, *rule)
+			}
+		}
+		out = append(out, cfg)
+	}
+	Expect(out).NotTo(BeEmpty())
+	return out
 }
 
 // operator is one running issuer (a manager with its own cache).
@@ -350,4 +389,6 @@ func eventReasons(ns, name string) []string {
 	return out
 }
 
-func objectMeta(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }
+func objectMeta(ns, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: ns, Name: name}
+}

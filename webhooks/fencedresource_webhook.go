@@ -1,0 +1,102 @@
+package webhooks
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-fencedresource,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.fencekeeper.dev,resources=fencedresources,verbs=create;update;delete,versions=v1alpha1,name=vfencedresource.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
+
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+
+// FencedResourceValidator keeps resource-side validation on once enforced: an
+// Enforce entry never goes back to Shadow, and cannot be deleted while the
+// object it protects exists.
+type FencedResourceValidator struct {
+	// Reader reads the target around the cache.
+	Reader client.Reader
+}
+
+// SetupFencedResourceWebhook registers the validator.
+func SetupFencedResourceWebhook(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &locksv1.FencedResource{}).
+		WithValidator(&FencedResourceValidator{Reader: mgr.GetAPIReader()}).
+		Complete()
+}
+
+// ValidateCreate refuses a registry entry that would issue fences the target
+// already accepted (a deleted and re-created entry starts again at fence 1):
+// spec.fenceFloor must be at least the target's highest fence.
+func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv1.FencedResource) (admission.Warnings, error) {
+	if fr.Spec.Target == nil {
+		return nil, nil
+	}
+	target, err := v.target(ctx, fr)
+	if target == nil || err != nil {
+		return nil, err
+	}
+	st, err := fence.StateOf(target.GetAnnotations()[fence.AnnotationFence], "")
+	if err != nil {
+		return nil, fmt.Errorf("target %s %s carries an unreadable %s annotation: %w", fr.Spec.Target.Kind, fr.Spec.Target.Name, fence.AnnotationFence, err)
+	}
+	if st.HighestFence > fr.Spec.FenceFloor {
+		return nil, fmt.Errorf("target %s %s already accepted fence %d: set spec.fenceFloor to at least %d so that no fence is issued twice",
+			fr.Spec.Target.Kind, fr.Spec.Target.Name, st.HighestFence, st.HighestFence)
+	}
+	return nil, nil
+}
+
+// ValidateUpdate denies Enforce → Shadow.
+func (v *FencedResourceValidator) ValidateUpdate(_ context.Context, oldFR, newFR *locksv1.FencedResource) (admission.Warnings, error) {
+	return nil, validateEnforcementRatchet(oldFR, newFR)
+}
+
+// ValidateDelete denies deleting an enforced entry whose target still exists.
+func (v *FencedResourceValidator) ValidateDelete(ctx context.Context, fr *locksv1.FencedResource) (admission.Warnings, error) {
+	if fr.Spec.Enforcement != locksv1.EnforcementEnforce || fr.Spec.Target == nil {
+		return nil, nil
+	}
+	t := fr.Spec.Target
+	if target, err := v.target(ctx, fr); target == nil || err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("FencedResource %s enforces fencing for %s %s, which still exists: resource-side validation is never disabled once enforced; delete the target first",
+		fr.Name, t.Kind, t.Name)
+}
+
+// target reads the target's metadata around the cache; nil when it does not exist.
+func (v *FencedResourceValidator) target(ctx context.Context, fr *locksv1.FencedResource) (*metav1.PartialObjectMetadata, error) {
+	t := fr.Spec.Target
+	gv, err := schema.ParseGroupVersion(t.APIVersion)
+	if err != nil {
+		return nil, fmt.Errorf("spec.target.apiVersion %q: %w", t.APIVersion, err)
+	}
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(gv.WithKind(t.Kind))
+	err = v.Reader.Get(ctx, types.NamespacedName{Namespace: fr.Namespace, Name: t.Name}, obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("cannot read target %s %s (%v); the operator needs get on it", t.Kind, t.Name, err)
+	}
+	return obj, nil
+}
+
+func validateEnforcementRatchet(oldFR, newFR *locksv1.FencedResource) error {
+	if oldFR.Spec.Enforcement == locksv1.EnforcementEnforce && newFR.Spec.Enforcement != locksv1.EnforcementEnforce {
+		return fmt.Errorf("spec.enforcement may go from Shadow to Enforce only: resource-side validation is never disabled once enforced")
+	}
+	return nil
+}
