@@ -1,0 +1,84 @@
+package lockclient
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// Scheme knows the core types and the fencekeeper API.
+var Scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(locksv1.AddToScheme(s))
+	return s
+}()
+
+// Client acquires locks in one namespace as one identity.
+type Client struct {
+	kube      client.WithWatch
+	namespace string
+	identity  string
+}
+
+// New returns a client that acts as identity (the Kubernetes user name the API
+// server authenticates kube as; the webhook checks they match).
+func New(kube client.WithWatch, namespace, identity string) *Client {
+	return &Client{kube: kube, namespace: namespace, identity: identity}
+}
+
+// NewForConfig builds a client from a REST config and asks the API server who
+// it is (SelfSubjectReview), so the owner is always the authenticated user.
+func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Client, error) {
+	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme})
+	if err != nil {
+		return nil, err
+	}
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := kube.Create(ctx, review); err != nil {
+		return nil, fmt.Errorf("ask the API server who we are (SelfSubjectReview): %w", err)
+	}
+	return New(kube, namespace, review.Status.UserInfo.Username), nil
+}
+
+// Identity is the owner this client claims as.
+func (c *Client) Identity() string { return c.identity }
+
+// Kube is the underlying Kubernetes client.
+func (c *Client) Kube() client.WithWatch { return c.kube }
+
+// GrantName is the LockGrant name for a request: deterministic, so that a
+// retry after a lost response finds the object the first attempt created.
+func GrantName(resource, requestID string) string {
+	sum := sha256.Sum256([]byte(resource + "\x00" + requestID))
+	name := resource
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	return name + "-" + hex.EncodeToString(sum[:8])
+}
+
+// NewRequestID returns a random request ID. Persist it before acquiring if a
+// restarted worker must find its request again.
+func NewRequestID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// OperationRoot returns sha256:<hex> of a description of the planned operation.
+func OperationRoot(plan string) string {
+	sum := sha256.Sum256([]byte(plan))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,21 @@
+// Package lockclient is the worker side of fencekeeper: claim a resource,
+// keep the claim alive, and write the protected object so that a write made
+// after the claim ended is refused by the acceptance webhook.
+//
+// It is shaped like etcd's client/v3/concurrency: a Client makes Locks (a
+// session with a server-side TTL and a Done channel); a Lock's Guard says
+// whether new effects may start; an Operation commits the segments of one
+// planned operation, each revalidated by the webhook.
+//
+// The lock's state follows DESIGN.md: REQUESTED → HELD → RENEWING → HELD;
+// an uncertain renewal or query result is OWNERSHIP_UNKNOWN (start no new
+// effects, but do not assume issued writes were revoked); EXPIRED only when the
+// issuer confirms it; RELEASED after a confirmed voluntary release.
+//
+// A lost create response is recovered by reading the LockGrant named
+// deterministically from the requestID — never by creating a second identity.
+// A write whose outcome is unknown is resolved from the object's receipt log
+// by operation and segment: applied (reuse the receipt), proven absent (retry
+// under the current fence), or undeterminable (ErrMutationUnknown; the
+// operator surfaces it as ReconciliationRequired).
+package lockclient

@@ -1,0 +1,90 @@
+package lockclient
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// Errors of the lock's life.
+var (
+	// ErrOwnershipUnknown: a renewal or query had an uncertain result; start no new effects.
+	ErrOwnershipUnknown = errors.New("lockclient: ownership unknown")
+	// ErrExpired: the issuer confirmed the grant expired (or revoked it).
+	ErrExpired = errors.New("lockclient: grant expired")
+	// ErrReleased: the grant was released voluntarily.
+	ErrReleased = errors.New("lockclient: grant released")
+	// ErrDenied: the issuer will never serve the request (policy, duplicate requestID).
+	ErrDenied = errors.New("lockclient: request denied")
+	// ErrRequestIDTaken: the deterministic LockGrant name belongs to another request.
+	ErrRequestIDTaken = errors.New("lockclient: requestID is taken by another LockGrant")
+	// ErrMutationUnknown: a write's outcome could not be determined from the receipts;
+	// the FencedResource's target needs reconciliation by a human or a domain process.
+	ErrMutationUnknown = errors.New("lockclient: mutation outcome unknown")
+)
+
+// Errors of a fenced write, one per admission verdict. A *DenialError matches
+// the sentinel of its verdict with errors.Is.
+var (
+	ErrFenceRequired      = errors.New("lockclient: " + string(fence.FenceRequired))
+	ErrBadGrant           = errors.New("lockclient: " + string(fence.BadGrant))
+	ErrForgedGrant        = errors.New("lockclient: " + string(fence.ForgedGrant))
+	ErrWrongResource      = errors.New("lockclient: " + string(fence.WrongResource))
+	ErrWrongOwner         = errors.New("lockclient: " + string(fence.WrongOwner))
+	ErrRevokedEpoch       = errors.New("lockclient: " + string(fence.RevokedEpoch))
+	ErrPayloadMismatch    = errors.New("lockclient: " + string(fence.PayloadMismatch))
+	ErrFenceRegression    = errors.New("lockclient: " + string(fence.FenceRegression))
+	ErrStaleOwner         = errors.New("lockclient: " + string(fence.StaleOwner))
+	ErrRootMismatch       = errors.New("lockclient: " + string(fence.RootMismatch))
+	ErrNotHeld            = errors.New("lockclient: " + string(fence.NotHeld))
+	ErrPolicyStale        = errors.New("lockclient: " + string(fence.PolicyStale))
+	ErrSegmentOutOfOrder  = errors.New("lockclient: " + string(fence.SegmentOutOfOrder))
+	ErrQuarantined        = errors.New("lockclient: " + string(fence.Quarantined))
+	ErrReceiptLogMismatch = errors.New("lockclient: " + string(fence.ReceiptLogMismatch))
+)
+
+var verdictErrors = map[fence.Verdict]error{
+	fence.FenceRequired: ErrFenceRequired, fence.BadGrant: ErrBadGrant, fence.ForgedGrant: ErrForgedGrant,
+	fence.WrongResource: ErrWrongResource, fence.WrongOwner: ErrWrongOwner, fence.RevokedEpoch: ErrRevokedEpoch,
+	fence.PayloadMismatch: ErrPayloadMismatch, fence.FenceRegression: ErrFenceRegression, fence.StaleOwner: ErrStaleOwner,
+	fence.RootMismatch: ErrRootMismatch, fence.NotHeld: ErrNotHeld, fence.PolicyStale: ErrPolicyStale,
+	fence.SegmentOutOfOrder: ErrSegmentOutOfOrder, fence.Quarantined: ErrQuarantined, fence.ReceiptLogMismatch: ErrReceiptLogMismatch,
+}
+
+// DenialError is a write the acceptance webhook refused.
+type DenialError struct {
+	Verdict fence.Verdict
+	// Message is the webhook's explanation; it starts with the verdict.
+	Message string
+}
+
+func (e *DenialError) Error() string { return "fenced write denied: " + e.Message }
+
+// Is matches the sentinel error of the verdict.
+func (e *DenialError) Is(target error) bool { return verdictErrors[e.Verdict] == target }
+
+var denialRE = regexp.MustCompile(`denied the request: ([A-Z_]+): (.*)$`)
+var receiptRE = regexp.MustCompile(`receipt (sha256:[0-9a-f]{64})`)
+
+// AsDenial recognizes an admission denial by the acceptance webhook in an
+// error returned by any Kubernetes client.
+func AsDenial(err error) (*DenialError, bool) { return asDenial(err) }
+
+func asDenial(err error) (*DenialError, bool) {
+	if err == nil || !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)) {
+		return nil, false
+	}
+	m := denialRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return nil, false
+	}
+	v := fence.Verdict(m[1])
+	if _, ok := verdictErrors[v]; !ok && v != fence.AlreadyApplied {
+		return nil, false
+	}
+	return &DenialError{Verdict: v, Message: fmt.Sprintf("%s: %s", m[1], m[2])}, true
+}

@@ -1,0 +1,468 @@
+package lockclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// State is the worker's view of its lock (DESIGN.md, "Worker client states").
+type State string
+
+const (
+	StateRequested        State = "REQUESTED"
+	StateHeld             State = "HELD"
+	StateRenewing         State = "RENEWING"
+	StateOwnershipUnknown State = "OWNERSHIP_UNKNOWN"
+	StateExpired          State = "EXPIRED"
+	StateReleased         State = "RELEASED"
+)
+
+// AcquireOptions describe one request.
+type AcquireOptions struct {
+	// RequestID is the idempotency key (default: random). Reusing it after a
+	// crash or a lost response finds the same LockGrant.
+	RequestID string
+	// Lease is the holder's session ID (default: derived from RequestID).
+	Lease string
+	// OperationRoot is sha256:<hex> of the planned operation (default: derived from RequestID).
+	OperationRoot string
+	// OperationCategory, when the FencedResource restricts categories.
+	OperationCategory string
+	// RenewInterval between renewals (default: a third of the lease).
+	RenewInterval time.Duration
+	// RequestTimeout bounds each API call of the renewal loop (default: RenewInterval/2).
+	RequestTimeout time.Duration
+	// OnStateChange, if set, is called (from the lock's goroutine) on every state change.
+	OnStateChange func(State)
+}
+
+// Lock is one held claim: a session whose TTL the issuer enforces.
+type Lock struct {
+	c        *Client
+	key      types.NamespacedName
+	resource string
+	opts     AcquireOptions
+
+	mu      sync.Mutex
+	state   State
+	view    *locksv1.LockGrant // the LockGrant as last confirmed by the API server
+	pending int64              // spec.renewals written, not yet observed by the issuer
+	err     error              // why the lock ended
+	done    chan struct{}
+	cancel  context.CancelFunc
+}
+
+// Acquire requests resource (a FencedResource name) and waits, watch-driven,
+// until the issuer grants it or ctx ends.
+func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions) (*Lock, error) {
+	if o.RequestID == "" {
+		o.RequestID = NewRequestID()
+	}
+	if o.Lease == "" {
+		o.Lease = "lease-" + o.RequestID
+	}
+	if o.OperationRoot == "" {
+		o.OperationRoot = OperationRoot(resource + "/" + o.RequestID)
+	}
+	l := &Lock{c: c, key: types.NamespacedName{Namespace: c.namespace, Name: GrantName(resource, o.RequestID)},
+		resource: resource, opts: o, state: StateRequested, done: make(chan struct{})}
+	l.notify(StateRequested)
+	if err := l.createOrRecover(ctx); err != nil {
+		return nil, err
+	}
+	lg, err := l.waitHeld(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lease := time.Duration(lg.Status.Grant.TTLSeconds) * time.Second
+	if l.opts.RenewInterval <= 0 {
+		l.opts.RenewInterval = lease / 3
+	}
+	if l.opts.RequestTimeout <= 0 {
+		l.opts.RequestTimeout = l.opts.RenewInterval / 2
+	}
+	l.mu.Lock()
+	l.view = lg
+	l.mu.Unlock()
+	l.setState(StateHeld, nil)
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.cancel = cancel
+	go l.keep(kctx)
+	return l, nil
+}
+
+// createOrRecover creates the LockGrant once. When the outcome of a create is
+// uncertain (no answer from the server), it reads the deterministic name: the
+// request either landed, or it is safe to send again — never a second identity.
+func (l *Lock) createOrRecover(ctx context.Context) error {
+	want := &locksv1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name, Finalizers: []string{locksv1.GrantFinalizer}},
+		Spec: locksv1.LockGrantSpec{Resource: l.resource, Owner: l.c.identity, RequestID: l.opts.RequestID,
+			Lease: l.opts.Lease, OperationRoot: l.opts.OperationRoot, OperationCategory: l.opts.OperationCategory},
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		err := l.c.kube.Create(ctx, want.DeepCopy())
+		switch {
+		case err == nil || apierrors.IsAlreadyExists(err):
+			return l.checkMine(ctx)
+		case definitive(err):
+			return fmt.Errorf("create LockGrant %s: %w", l.key.Name, err)
+		}
+		lastErr = err
+		// The response was lost; did the request land?
+		if err := l.checkMine(ctx); err == nil {
+			return nil
+		} else if !apierrors.IsNotFound(err) {
+			return err
+		}
+		if err := sleep(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("create LockGrant %s: no answer from the API server: %w", l.key.Name, lastErr)
+}
+
+// checkMine reads the LockGrant and checks it is this request's.
+func (l *Lock) checkMine(ctx context.Context) error {
+	var lg locksv1.LockGrant
+	if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+		return err
+	}
+	if lg.Spec.RequestID != l.opts.RequestID || lg.Spec.Owner != l.c.identity || lg.Spec.Resource != l.resource {
+		return fmt.Errorf("%w: %s belongs to owner %q, requestID %q", ErrRequestIDTaken, l.key.Name, lg.Spec.Owner, lg.Spec.RequestID)
+	}
+	return nil
+}
+
+// waitHeld follows the LockGrant with a watch until the issuer decides.
+func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
+	for {
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+			return nil, err
+		}
+		if done, err := acquired(&lg); done {
+			return &lg, err
+		}
+		w, err := l.c.kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(l.key.Namespace),
+			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: lg.ResourceVersion}})
+		if err != nil {
+			return nil, err
+		}
+		for ev := range w.ResultChan() {
+			obj, ok := ev.Object.(*locksv1.LockGrant)
+			if !ok || ev.Type == watch.Error {
+				break
+			}
+			if done, err := acquired(obj); done {
+				w.Stop()
+				return obj, err
+			}
+		}
+		w.Stop()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func acquired(lg *locksv1.LockGrant) (bool, error) {
+	switch lg.Status.Phase {
+	case locksv1.PhaseHeld:
+		return lg.Status.Grant != nil, nil
+	case locksv1.PhaseDenied:
+		return true, fmt.Errorf("%w: %s", ErrDenied, conditionMessage(lg))
+	case locksv1.PhaseExpired, locksv1.PhaseRevoked:
+		return true, fmt.Errorf("%w before it was observed held: %s", ErrExpired, conditionMessage(lg))
+	case locksv1.PhaseReleased:
+		return true, fmt.Errorf("%w before it was observed held", ErrReleased)
+	}
+	return false, nil
+}
+
+// keep renews the lease and follows the LockGrant until the lock ends.
+func (l *Lock) keep(ctx context.Context) {
+	updates := make(chan *locksv1.LockGrant, 8)
+	go l.follow(ctx, updates)
+	ticker := time.NewTicker(l.opts.RenewInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case lg := <-updates:
+			l.observe(lg)
+		case <-ticker.C:
+			l.renewOrQuery(ctx)
+		}
+		if l.ended() {
+			l.cancel()
+			return
+		}
+	}
+}
+
+// follow streams the LockGrant's updates, re-watching when a watch ends.
+func (l *Lock) follow(ctx context.Context, out chan<- *locksv1.LockGrant) {
+	for ctx.Err() == nil {
+		w, err := l.c.kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(l.key.Namespace),
+			client.MatchingFields{"metadata.name": l.key.Name})
+		if err != nil {
+			_ = sleep(ctx, 200*time.Millisecond)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			if lg, ok := ev.Object.(*locksv1.LockGrant); ok && ev.Type != watch.Error && ev.Type != watch.Deleted {
+				select {
+				case out <- lg:
+				case <-ctx.Done():
+				}
+			}
+		}
+		w.Stop()
+	}
+}
+
+// observe applies a confirmed view of the LockGrant.
+func (l *Lock) observe(lg *locksv1.LockGrant) {
+	l.mu.Lock()
+	if l.view != nil && lg.Status.Grant != nil && l.view.Status.Grant != nil && *lg.Status.Grant != *l.view.Status.Grant {
+		l.mu.Unlock()
+		return // not our grant (cannot happen: a LockGrant holds one grant)
+	}
+	l.view = lg
+	pending := l.pending
+	l.mu.Unlock()
+	switch lg.Status.Phase {
+	case locksv1.PhaseExpired, locksv1.PhaseRevoked, locksv1.PhaseDenied:
+		l.setState(StateExpired, fmt.Errorf("%w: %s", ErrExpired, conditionMessage(lg)))
+	case locksv1.PhaseReleased:
+		l.setState(StateReleased, ErrReleased)
+	case locksv1.PhaseHeld:
+		if lg.Status.ObservedRenewals >= pending {
+			l.setState(StateHeld, nil)
+		}
+	}
+}
+
+// renewOrQuery runs once per interval: after an unconfirmed renewal it asks the
+// server where things stand; otherwise it renews.
+func (l *Lock) renewOrQuery(ctx context.Context) {
+	if s := l.State(); s == StateRenewing || s == StateOwnershipUnknown {
+		l.setState(StateOwnershipUnknown, nil)
+		qctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+		defer cancel()
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(qctx, l.key, &lg); err != nil {
+			return // still unknown; next tick asks again
+		}
+		if lg.Status.Phase == locksv1.PhaseHeld {
+			// A confirmed answer: the issuer still counts us as the holder,
+			// whatever became of the renewal.
+			l.mu.Lock()
+			l.pending = lg.Status.ObservedRenewals
+			l.mu.Unlock()
+		}
+		l.observe(&lg)
+		if l.State() != StateHeld {
+			return
+		}
+	}
+	l.renew(ctx)
+}
+
+// renew bumps spec.renewals; the issuer applies it if it arrives before expiry.
+func (l *Lock) renew(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+	defer cancel()
+	for attempt := 0; attempt < 3; attempt++ {
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(rctx, l.key, &lg); err != nil {
+			l.setState(StateOwnershipUnknown, nil)
+			return
+		}
+		l.observe(&lg)
+		if l.State() != StateHeld {
+			return
+		}
+		lg.Spec.Renewals++
+		l.mu.Lock()
+		l.pending = lg.Spec.Renewals
+		l.mu.Unlock()
+		l.setState(StateRenewing, nil)
+		err := l.c.kube.Update(rctx, &lg)
+		switch {
+		case err == nil:
+			return // RENEWING until the issuer's status confirms it
+		case apierrors.IsConflict(err):
+			continue
+		default:
+			// Lost response, timeout or refusal: we cannot know where we stand.
+			l.setState(StateOwnershipUnknown, nil)
+			return
+		}
+	}
+}
+
+// Release gives the resource up and waits until the issuer confirms it.
+func (l *Lock) Release(ctx context.Context) error {
+	if l.ended() {
+		return l.Err()
+	}
+	for {
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+			return err
+		}
+		lg.Spec.Release = true
+		err := l.c.kube.Update(ctx, &lg)
+		if err == nil {
+			break
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("release %s: %w", l.key.Name, err)
+		}
+	}
+	select {
+	case <-l.done:
+		if errors.Is(l.Err(), ErrReleased) {
+			return nil
+		}
+		return l.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Done is closed when the lock ended (expired, revoked or released).
+func (l *Lock) Done() <-chan struct{} { return l.done }
+
+// State is the current state.
+func (l *Lock) State() State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state
+}
+
+// Err says why the lock ended (ErrExpired or ErrReleased), nil while it lives.
+func (l *Lock) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Guard returns nil when new effects may start: the grant is held (or being
+// renewed while still held). Otherwise ErrOwnershipUnknown, ErrExpired or ErrReleased.
+func (l *Lock) Guard() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case StateHeld, StateRenewing:
+		return nil
+	case StateOwnershipUnknown:
+		return ErrOwnershipUnknown
+	case StateRequested:
+		return ErrOwnershipUnknown
+	}
+	return l.err
+}
+
+// Grant returns the signed grant and its proof.
+func (l *Lock) Grant() (grant.Grant, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.view.Status.Grant.ToGrant(), l.view.Status.Proof
+}
+
+// Fence is the grant's fence token.
+func (l *Lock) Fence() int64 {
+	g, _ := l.Grant()
+	return g.FenceToken
+}
+
+// Name is the LockGrant's name; Resource the FencedResource's.
+func (l *Lock) Name() string     { return l.key.Name }
+func (l *Lock) Resource() string { return l.resource }
+
+// Close stops renewing without releasing (the lease then expires on its own).
+func (l *Lock) Close() {
+	if l.cancel != nil {
+		l.cancel()
+	}
+}
+
+func (l *Lock) ended() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// setState moves the state machine; EXPIRED and RELEASED are final.
+func (l *Lock) setState(s State, cause error) {
+	l.mu.Lock()
+	if l.state == s || l.state == StateExpired || l.state == StateReleased {
+		l.mu.Unlock()
+		return
+	}
+	l.state = s
+	final := s == StateExpired || s == StateReleased
+	if final {
+		l.err = cause
+		close(l.done)
+	}
+	l.mu.Unlock()
+	l.notify(s)
+}
+
+func (l *Lock) notify(s State) {
+	if l.opts.OnStateChange != nil {
+		l.opts.OnStateChange(s)
+	}
+}
+
+// definitive reports whether err is the server's answer (the request was
+// processed and refused), as opposed to no answer at all.
+func definitive(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	return !apierrors.IsServerTimeout(err) && !apierrors.IsTimeout(err) && !apierrors.IsTooManyRequests(err) &&
+		!apierrors.IsServiceUnavailable(err) && !apierrors.IsInternalError(err)
+}
+
+func conditionMessage(lg *locksv1.LockGrant) string {
+	for _, c := range lg.Status.Conditions {
+		if c.Type == locksv1.ConditionIssued {
+			return c.Message
+		}
+	}
+	return string(lg.Status.Phase)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

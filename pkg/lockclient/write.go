@@ -1,0 +1,288 @@
+package lockclient
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// AnnotationUnresolved marks, on the LockGrant, a write whose outcome the
+// client could not determine; the operator surfaces old ones as
+// ReconciliationRequired.
+const AnnotationUnresolved = "fencekeeper.dev/unresolved-mutation"
+
+// Unresolved is the AnnotationUnresolved record.
+type Unresolved struct {
+	Object    string    `json:"object"`
+	Operation string    `json:"operation"`
+	Fence     int64     `json:"fence"`
+	Segment   int64     `json:"segment"`
+	Payload   string    `json:"payload"`
+	Since     time.Time `json:"since"`
+}
+
+// Operation commits the segments of one planned operation under a lock.
+type Operation struct {
+	lock *Lock
+	id   string
+}
+
+// Operation returns the operation with the given ID (stable across restarts:
+// it is how receipts are found again).
+func (l *Lock) Operation(id string) *Operation { return &Operation{lock: l, id: id} }
+
+// ID is the operation ID.
+func (op *Operation) ID() string { return op.id }
+
+// Commit writes the next segment: it reads obj (by namespace and name; it may
+// not exist yet), applies mutate to the content, and writes content, fence
+// annotation and receipt log in one write. The segment number continues from
+// the object's receipt log, so a restarted worker resumes where it stopped.
+//
+// ALREADY_APPLIED is success (the original receipt is returned). A write with
+// no answer is resolved from the receipt log; if that cannot tell, the result
+// is ErrMutationUnknown. Denials are *DenialError (errors.Is ErrStaleOwner, …).
+func (op *Operation) Commit(ctx context.Context, obj client.Object, mutate func() error) (fence.Receipt, error) {
+	l := op.lock
+	for attempt := 0; attempt < 8; attempt++ {
+		if err := l.Guard(); err != nil {
+			return fence.Receipt{}, err
+		}
+		g, proof := l.Grant()
+		exists, err := op.read(ctx, obj)
+		if err != nil {
+			return fence.Receipt{}, err
+		}
+		ann := obj.GetAnnotations()
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+		if err != nil {
+			return fence.Receipt{}, fmt.Errorf("stored fence state of %s: %w", obj.GetName(), err)
+		}
+		segment := int64(1)
+		if st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
+			segment = st.LastSegment + 1
+		}
+		if err := mutate(); err != nil {
+			return fence.Receipt{}, err
+		}
+		labels := obj.GetLabels()
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[fence.LabelProtected] = "true"
+		obj.SetLabels(labels)
+		ann[fence.AnnotationResource] = l.resource
+		payload, err := payloadOf(obj)
+		if err != nil {
+			return fence.Receipt{}, err
+		}
+		receipt, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: op.id, Segment: segment, Payload: payload})
+		if err != nil {
+			return fence.Receipt{}, err
+		}
+		obj.SetAnnotations(ann)
+		if exists {
+			err = l.c.kube.Update(ctx, obj)
+		} else {
+			err = l.c.kube.Create(ctx, obj)
+		}
+		if err == nil {
+			return receipt, nil
+		}
+		if d, ok := asDenial(err); ok {
+			if d.Verdict == fence.AlreadyApplied {
+				if m := receiptRE.FindStringSubmatch(d.Message); m != nil {
+					receipt.Receipt = m[1]
+				}
+				return receipt, nil
+			}
+			return fence.Receipt{}, d
+		}
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			continue // someone wrote in between: read again and renumber
+		}
+		if definitive(err) {
+			return fence.Receipt{}, err
+		}
+		// MUTATION_UNKNOWN: the write may or may not have landed.
+		applied, resolved, rerr := op.resolve(ctx, obj, receipt)
+		switch {
+		case rerr != nil:
+			return fence.Receipt{}, rerr
+		case applied:
+			return resolved, nil
+		}
+		// Proven absent: try again under the current grant.
+	}
+	return fence.Receipt{}, fmt.Errorf("commit of %s kept conflicting with other writers", obj.GetName())
+}
+
+// Applied lists the receipts of this operation still in obj's receipt log.
+func (op *Operation) Applied(ctx context.Context, obj client.Object) ([]fence.Receipt, error) {
+	if _, err := op.read(ctx, obj); err != nil {
+		return nil, err
+	}
+	rs, err := fence.ParseReceipts(obj.GetAnnotations()[fence.AnnotationReceipts])
+	if err != nil {
+		return nil, err
+	}
+	var out []fence.Receipt
+	for _, r := range rs {
+		if r.Operation == op.id {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// resolve decides a write with an unknown outcome from the receipt log:
+// applied (its receipt is there), proven absent (the log shows where it would
+// be, and it is not), or undeterminable (recorded for the operator).
+func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.Receipt) (bool, fence.Receipt, error) {
+	var st fence.State
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if _, err = op.read(ctx, obj); err == nil {
+			ann := obj.GetAnnotations()
+			st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+			if err == nil {
+				break
+			}
+		}
+		if serr := sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
+			return false, fence.Receipt{}, serr
+		}
+	}
+	if err == nil {
+		for _, r := range st.Receipts {
+			if r.Fence == want.Fence && r.Segment == want.Segment && r.Operation == want.Operation {
+				if r.Payload == want.Payload {
+					return true, r, nil
+				}
+				return false, fence.Receipt{}, fmt.Errorf("%w: segment %d of fence %d was applied with another payload", ErrMutationUnknown, want.Segment, want.Fence)
+			}
+		}
+		if provenAbsent(st, want) {
+			return false, fence.Receipt{}, nil
+		}
+	}
+	op.recordUnresolved(ctx, obj, want)
+	return false, fence.Receipt{}, fmt.Errorf("%w: %s segment %d under fence %d (recorded on LockGrant %s for reconciliation)",
+		ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name)
+}
+
+// provenAbsent: segments of a fence are accepted in order and the log keeps
+// the newest receipts, so the write is absent when the object never reached
+// it, or when the log reaches back past where it would be and lacks it.
+func provenAbsent(st fence.State, want fence.Receipt) bool {
+	if st.HighestFence < want.Fence || (st.HighestFence == want.Fence && st.LastSegment < want.Segment) {
+		return true
+	}
+	if len(st.Receipts) == 0 {
+		return false
+	}
+	oldest := st.Receipts[0]
+	return oldest.Fence < want.Fence || (oldest.Fence == want.Fence && oldest.Segment < want.Segment)
+}
+
+func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) {
+	l := op.lock
+	rec, _ := json.Marshal(Unresolved{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
+		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()})
+	for attempt := 0; attempt < 3; attempt++ {
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+			return
+		}
+		if lg.Annotations == nil {
+			lg.Annotations = map[string]string{}
+		}
+		if _, exists := lg.Annotations[AnnotationUnresolved]; exists {
+			return // the oldest unresolved outcome is the one that matters
+		}
+		lg.Annotations[AnnotationUnresolved] = string(rec)
+		if err := l.c.kube.Update(ctx, &lg); !apierrors.IsConflict(err) {
+			return
+		}
+	}
+}
+
+// read refreshes obj from the API server; false when it does not exist.
+func (op *Operation) read(ctx context.Context, obj client.Object) (bool, error) {
+	key := client.ObjectKeyFromObject(obj)
+	if key.Namespace == "" {
+		key.Namespace = op.lock.key.Namespace
+		obj.SetNamespace(key.Namespace)
+	}
+	gvk, err := apiutil.GVKForObject(obj, Scheme)
+	if err != nil {
+		return false, err
+	}
+	err = op.lock.c.kube.Get(ctx, key, obj)
+	obj.GetObjectKind().SetGroupVersionKind(gvk)
+	if apierrors.IsNotFound(err) {
+		// Start from an empty object of the same kind and name.
+		fresh, ferr := emptyLike(obj, gvk.Kind)
+		if ferr != nil {
+			return false, ferr
+		}
+		copyInto(obj, fresh)
+		obj.SetNamespace(key.Namespace)
+		obj.SetName(key.Name)
+		obj.SetResourceVersion("")
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// payloadOf digests obj's business content exactly as the webhook does.
+func payloadOf(obj client.Object) (string, error) {
+	gvk, err := apiutil.GVKForObject(obj, Scheme)
+	if err != nil {
+		return "", err
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	var m map[string]any
+	if ok {
+		m = u.Object
+	} else if m, err = runtime.DefaultUnstructuredConverter.ToUnstructured(obj); err != nil {
+		return "", err
+	}
+	m["apiVersion"], m["kind"] = gvk.GroupVersion().String(), gvk.Kind
+	return fence.PayloadDigest(fence.ObjectPayload(m))
+}
+
+func emptyLike(obj client.Object, kind string) (client.Object, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		e := &unstructured.Unstructured{}
+		e.SetGroupVersionKind(u.GroupVersionKind())
+		return e, nil
+	}
+	o, err := Scheme.New(obj.GetObjectKind().GroupVersionKind())
+	if err != nil {
+		return nil, fmt.Errorf("new %s: %w", kind, err)
+	}
+	return o.(client.Object), nil
+}
+
+func copyInto(dst, src client.Object) {
+	if du, ok := dst.(*unstructured.Unstructured); ok {
+		du.Object = src.(*unstructured.Unstructured).Object
+		return
+	}
+	reflect.ValueOf(dst).Elem().Set(reflect.ValueOf(src).Elem())
+}

@@ -1,0 +1,285 @@
+package envtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// faults is a programmable fault-injecting transport.
+type faults struct {
+	mu    sync.Mutex
+	rules []*fault
+}
+
+type fault struct {
+	method, path string
+	// dropResponse: the request reaches the server, its response is lost.
+	dropResponse bool
+	times        int // how many requests it hits; <0 = until healed
+	delay        time.Duration
+}
+
+func (f *faults) add(r *fault) *fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rules = append(f.rules, r)
+	return r
+}
+
+func (f *faults) heal() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rules = nil
+}
+
+func (f *faults) match(req *http.Request) *fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.rules {
+		if r.times != 0 && req.Method == r.method && strings.Contains(req.URL.Path, r.path) && !strings.Contains(req.URL.RawQuery, "watch=true") {
+			if r.times > 0 {
+				r.times--
+			}
+			return r
+		}
+	}
+	return nil
+}
+
+func (f *faults) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		r := f.match(req)
+		if r == nil {
+			return rt.RoundTrip(req)
+		}
+		if r.delay > 0 {
+			time.Sleep(r.delay)
+		}
+		if !r.dropResponse {
+			return nil, fmt.Errorf("injected: connection refused before %s %s was sent", req.Method, req.URL.Path)
+		}
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return nil, fmt.Errorf("injected: response to %s %s lost after the request was sent", req.Method, req.URL.Path)
+	})
+}
+
+// faultyWorker is a lockclient.Client for user whose transport injects faults.
+func faultyWorker(ns, user string) (*lockclient.Client, *faults) {
+	f := &faults{}
+	cfg := rest.CopyConfig(testEnvUserConfig(user))
+	cfg.WrapTransport = f.wrap
+	c, err := lockclient.NewForConfig(suiteCtx, cfg, ns)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(c.Identity()).To(Equal(user))
+	return c, f
+}
+
+// stateLog records a lock's state changes.
+type stateLog struct {
+	mu     sync.Mutex
+	states []lockclient.State
+}
+
+func (s *stateLog) record(st lockclient.State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.states = append(s.states, st)
+}
+
+func (s *stateLog) all() []lockclient.State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]lockclient.State(nil), s.states...)
+}
+
+func configMapNamed(ns, name string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+}
+
+func setData(cm *corev1.ConfigMap, v string) func() error {
+	return func() error { cm.Data = map[string]string{"result": v}; return nil }
+}
+
+var _ = Describe("the worker client", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	acquire := func(c *lockclient.Client, resource, requestID string, log *stateLog) *lockclient.Lock {
+		GinkgoHelper()
+		ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
+		defer cancel()
+		l, err := c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: requestID, RenewInterval: 150 * time.Millisecond,
+			RequestTimeout: 100 * time.Millisecond, OnStateChange: log.record})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(l.Close)
+		return l
+	}
+
+	It("recovers a lost acquire response by requestID, with one identity", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		f.add(&fault{method: http.MethodPost, path: "/lockgrants", dropResponse: true, times: 1})
+		log := &stateLog{}
+		l := acquire(c, "batch", "job-1", log)
+		Expect(l.State()).To(Equal(lockclient.StateHeld))
+		Expect(l.Fence()).To(Equal(int64(1)))
+		var list locksv1.LockGrantList
+		Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
+		Expect(list.Items).To(HaveLen(1))
+		Expect(list.Items[0].Name).To(Equal(lockclient.GrantName("batch", "job-1")))
+		Expect(log.all()[:2]).To(Equal([]lockclient.State{lockclient.StateRequested, lockclient.StateHeld}))
+	})
+
+	It("goes OWNERSHIP_UNKNOWN on a lost renewal, blocks new effects, and returns to HELD when the server confirms", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		log := &stateLog{}
+		l := acquire(c, "batch", "job-1", log)
+		// Renewal responses are lost and queries fail: nothing certain is known.
+		f.add(&fault{method: http.MethodPut, path: "/lockgrants/", dropResponse: true, times: -1})
+		f.add(&fault{method: http.MethodGet, path: "/lockgrants/", times: -1})
+		Eventually(l.State, 5*time.Second, 10*time.Millisecond).Should(Equal(lockclient.StateOwnershipUnknown))
+		Expect(l.Guard()).To(MatchError(lockclient.ErrOwnershipUnknown))
+		_, err := l.Operation("op").Commit(suiteCtx, configMapNamed(ns, "batch"), func() error { return nil })
+		Expect(err).To(MatchError(lockclient.ErrOwnershipUnknown), "no new effects while ownership is unknown")
+		f.heal()
+		Eventually(l.State, 5*time.Second, 10*time.Millisecond).Should(Or(Equal(lockclient.StateHeld), Equal(lockclient.StateRenewing)))
+		Expect(l.Guard()).To(Succeed())
+		// Renewals go on: HELD -> RENEWING -> HELD, confirmed by the issuer.
+		Eventually(func() int64 { return getGrant(ns, l.Name()).Status.ObservedRenewals }, 5*time.Second).Should(BeNumerically(">", 0))
+		Expect(log.all()).To(ContainElement(lockclient.StateRenewing))
+	})
+
+	It("goes EXPIRED only when the server confirms the expiry", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		f.add(&fault{method: http.MethodPut, path: "/lockgrants/", times: -1})
+		f.add(&fault{method: http.MethodGet, path: "/lockgrants/", times: -1})
+		Eventually(l.State, 5*time.Second, 10*time.Millisecond).Should(Equal(lockclient.StateOwnershipUnknown))
+		// Cut off for several renewal intervals: unknown, never expired by the client's own reckoning.
+		Consistently(l.State, 600*time.Millisecond, 10*time.Millisecond).Should(Equal(lockclient.StateOwnershipUnknown))
+		primary.step(11 * time.Second) // the issuer expires it
+		waitPhase(getGrant(ns, l.Name()), locksv1.PhaseExpired)
+		f.heal()
+		Eventually(l.Done(), 5*time.Second).Should(BeClosed())
+		Expect(l.State()).To(Equal(lockclient.StateExpired))
+		Expect(l.Guard()).To(MatchError(lockclient.ErrExpired))
+	})
+
+	It("releases, confirmed by the issuer", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, _ := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		Expect(l.Release(suiteCtx)).To(Succeed())
+		Expect(l.State()).To(Equal(lockclient.StateReleased))
+		Expect(l.Done()).To(BeClosed())
+	})
+
+	It("resolves a lost write ACK from the receipts: applied, and proven absent", func() {
+		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		op := l.Operation("settle-2026-07-19")
+		cm := configMapNamed(ns, "batch")
+		// Applied: the create lands, its answer is lost.
+		f.add(&fault{method: http.MethodPost, path: "/configmaps", dropResponse: true, times: 1})
+		r1, err := op.Commit(suiteCtx, cm, setData(cm, "part 1"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(r1.Segment).To(Equal(int64(1)))
+		// Not applied: the update never left; the log proves it absent and the write is retried once.
+		f.add(&fault{method: http.MethodPut, path: "/configmaps/", times: 1})
+		r2, err := op.Commit(suiteCtx, cm, setData(cm, "part 2"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(r2.Segment).To(Equal(int64(2)))
+		applied, err := op.Applied(suiteCtx, configMapNamed(ns, "batch"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(applied).To(HaveLen(2))
+		Expect(applied[0].Receipt).To(Equal(r1.Receipt))
+		Expect(applied[1].Receipt).To(Equal(r2.Receipt))
+		Expect(t.content()).To(Equal("part 2"))
+	})
+
+	It("resumes a segmented operation after a crash, and maps delayed duplicates and conflicting payloads", func() {
+		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, _ := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		cm := configMapNamed(ns, "batch")
+		for i := 1; i <= 2; i++ {
+			_, err := l.Operation("op").Commit(suiteCtx, cm, setData(cm, fmt.Sprintf("part %d", i)))
+			Expect(err).NotTo(HaveOccurred())
+		}
+		l.Close() // the worker crashes; its grant is still held on the server
+		c2, _ := faultyWorker(ns, "worker-a")
+		l2 := acquire(c2, "batch", "job-1", &stateLog{})
+		Expect(l2.Fence()).To(Equal(l.Fence()), "the same request finds the same grant")
+		cm = configMapNamed(ns, "batch")
+		r, err := l2.Operation("op").Commit(suiteCtx, cm, setData(cm, "part 3"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(r.Segment).To(Equal(int64(3)), "resumed from the receipt log")
+
+		lg := getGrant(ns, l2.Name())
+		err = t.write(lg, 1, "part 1") // a delayed duplicate of segment 1
+		d, ok := lockclient.AsDenial(err)
+		Expect(ok).To(BeTrue(), "%v", err)
+		Expect(errors.Is(d, lockclient.ErrStaleOwner) || d.Verdict == fence.AlreadyApplied).To(BeTrue())
+		Expect(d.Verdict).To(Equal(fence.AlreadyApplied))
+		err = t.write(lg, 3, "not part 3")
+		d, ok = lockclient.AsDenial(err)
+		Expect(ok).To(BeTrue())
+		Expect(d).To(MatchError(lockclient.ErrQuarantined))
+		Expect(t.content()).To(Equal("part 3"))
+	})
+
+	It("refuses the stale owner's commit with ErrStaleOwner", func() {
+		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		ca, fa := faultyWorker(ns, "worker-a")
+		cb, _ := faultyWorker(ns, "worker-b")
+		a := acquire(ca, "batch", "a", &stateLog{})
+		cm := configMapNamed(ns, "batch")
+		_, err := a.Operation("a-op").Commit(suiteCtx, cm, setData(cm, "A 1"))
+		Expect(err).NotTo(HaveOccurred())
+		// A is cut off (a long pause), B queues, the lease runs out on the issuer's clock.
+		fa.add(&fault{method: http.MethodPut, path: "/lockgrants/", times: -1})
+		fa.add(&fault{method: http.MethodGet, path: "/lockgrants/", times: -1})
+		var b *lockclient.Lock
+		got := make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			b = acquire(cb, "batch", "b", &stateLog{})
+			close(got)
+		}()
+		Eventually(func() int { return len(getFR(ns, "batch").Status.Queue) }).Should(Equal(1))
+		primary.step(11 * time.Second)
+		Eventually(got, 10*time.Second).Should(BeClosed())
+		cmB := configMapNamed(ns, "batch")
+		_, err = b.Operation("b-op").Commit(suiteCtx, cmB, setData(cmB, "B"))
+		Expect(err).NotTo(HaveOccurred())
+		// A's write path still works, but the webhook refuses it.
+		err = t.write(getGrant(ns, a.Name()), 2, "A 2")
+		Expect(err).To(HaveOccurred())
+		d, ok := lockclient.AsDenial(err)
+		Expect(ok).To(BeTrue())
+		Expect(d).To(MatchError(lockclient.ErrStaleOwner))
+		Expect(t.content()).To(Equal("B"))
+	})
+})
