@@ -42,6 +42,16 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 	if fr.Spec.Target == nil {
 		return nil, nil
 	}
+	var others locksv1.FencedResourceList
+	if err := v.Reader.List(ctx, &others, client.InNamespace(fr.Namespace)); err != nil {
+		return nil, fmt.Errorf("list FencedResources in %s: %w", fr.Namespace, err)
+	}
+	for _, o := range others.Items {
+		if o.Name != fr.Name && o.Spec.Target != nil && *o.Spec.Target == *fr.Spec.Target {
+			return nil, fmt.Errorf("spec.target: %s %s is already protected by FencedResource %s; one object has one registry entry",
+				fr.Spec.Target.Kind, fr.Spec.Target.Name, o.Name)
+		}
+	}
 	target, err := v.target(ctx, fr)
 	if target == nil || err != nil {
 		return nil, err

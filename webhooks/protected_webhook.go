@@ -23,6 +23,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 // ProtectedPath is where the acceptance webhook is served.
@@ -82,8 +83,12 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 	// The binding to a registry entry is the stored object's, so that changing
 	// or removing the annotation is judged against the entry it leaves.
 	binding := subject.GetAnnotations()[fence.AnnotationResource]
+	rebound := ""
 	if oldObj != nil {
 		if b := oldObj.GetAnnotations()[fence.AnnotationResource]; b != "" {
+			if newObj != nil && newObj.GetAnnotations()[fence.AnnotationResource] != b {
+				rebound = b
+			}
 			binding = b
 		}
 	}
@@ -96,15 +101,13 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 		return admission.Errored(http.StatusServiceUnavailable, err)
 	}
 
-	attempt := fence.Attempt{User: req.UserInfo.Username, Delete: req.Operation == admissionv1.Delete}
-	var st fence.State
-	if oldObj != nil {
-		ann := oldObj.GetAnnotations()
-		if st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts]); err != nil {
-			return v.respond(ctx, req, fr, subject, fence.Decision{Verdict: fence.BadGrant,
-				Message: fmt.Sprintf("BAD_GRANT: the stored object's fence state is unreadable (%v); restore it from the receipt log", err)})
-		}
+	if rebound != "" && newObj != nil {
+		// The binding to a registry entry is part of what the fence protects.
+		return v.respond(ctx, req, fr, subject, fence.State{}, fence.Decision{Verdict: fence.WrongResource,
+			Message: fmt.Sprintf("WRONG_RESOURCE: the %s annotation cannot change (it names %s)", fence.AnnotationResource, rebound)})
 	}
+	attempt := fence.Attempt{User: req.UserInfo.Username, Delete: req.Operation == admissionv1.Delete}
+	st := storedState(oldObj, fr, bundle)
 	if newObj != nil {
 		attempt.Changed = oldObj == nil || changed(oldObj, newObj)
 		attempt.Fence = newObj.GetAnnotations()[fence.AnnotationFence]
@@ -116,7 +119,7 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 	if d.Verdict == fence.Accepted && newObj != nil {
 		d = checkReceiptLog(d, st, newObj)
 	}
-	return v.respond(ctx, req, fr, subject, d)
+	return v.respond(ctx, req, fr, subject, st, d)
 }
 
 // registry reads the FencedResource with a GET to the API server (a quorum
@@ -137,18 +140,45 @@ func (v *ProtectedObjectValidator) registry(ctx context.Context, ns, name string
 	}
 	t := fr.Spec.Target
 	if t == nil || t.APIVersion != obj.GetAPIVersion() || t.Kind != obj.GetKind() || t.Name != obj.GetName() {
+		// Not this object's entry: its mode and records do not apply (fail closed).
 		reg.Missing = fmt.Sprintf("FencedResource %s/%s does not name this %s %q as its target", ns, name, obj.GetKind(), obj.GetName())
-		return &fr, reg, nil
+		return nil, reg, nil
 	}
 	reg.Found, reg.ResourceID, reg.Generation = true, fr.Spec.ResourceID, fr.Generation
 	if h := fr.Status.Holder; h != nil {
-		reg.Holder = &fence.Holder{Owner: h.Owner, Lease: h.Lease, RequestID: h.RequestID, Fence: h.FenceToken, ExpiresAt: h.ExpiresAt.Time}
+		reg.Holder = &fence.Holder{Digest: h.Digest, Owner: h.Owner, Lease: h.Lease, RequestID: h.RequestID, Fence: h.FenceToken, ExpiresAt: h.ExpiresAt.Time}
 	}
 	return &fr, reg, nil
 }
 
+// storedState is the fence state the object holds. It is trusted only if its
+// grant verifies: an annotation planted while the entry was in Shadow mode, or
+// mangled by hand, counts for nothing. It never falls below the highest fence
+// the registry saw at the target, so deleting and re-creating the object, or a
+// planted state, cannot let an older fence in.
+func storedState(oldObj *unstructured.Unstructured, fr *locksv1.FencedResource, bundle *grant.TrustBundle) fence.State {
+	var st fence.State
+	if oldObj != nil {
+		ann := oldObj.GetAnnotations()
+		parsed, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+		if err == nil && parsed.Accepted != "" {
+			e, _ := fence.ParseEnvelope(parsed.Accepted)
+			if bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof) != nil {
+				parsed = fence.State{}
+			}
+		}
+		if err == nil {
+			st = parsed
+		}
+	}
+	if fr != nil && fr.Status.HighestObservedFence > st.HighestFence {
+		st = fence.State{HighestFence: fr.Status.HighestObservedFence}
+	}
+	return st
+}
+
 // respond applies the enforcement mode, records the decision and answers.
-func (v *ProtectedObjectValidator) respond(ctx context.Context, req admission.Request, fr *locksv1.FencedResource, obj *unstructured.Unstructured, d fence.Decision) admission.Response {
+func (v *ProtectedObjectValidator) respond(ctx context.Context, req admission.Request, fr *locksv1.FencedResource, obj *unstructured.Unstructured, stored fence.State, d fence.Decision) admission.Response {
 	mode := locksv1.EnforcementEnforce // no registry entry: fail closed
 	if fr != nil && fr.Spec.Enforcement != "" {
 		mode = fr.Spec.Enforcement
@@ -156,7 +186,7 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, req admission.Re
 	allowed := d.Verdict.Allowed() || mode == locksv1.EnforcementShadow
 	decisions.WithLabelValues(string(d.Verdict), string(mode), fmt.Sprint(allowed)).Inc()
 	if fr != nil && !dryRun(req) {
-		v.observe(req, fr, d)
+		v.observe(req, fr, d, stored)
 	}
 	switch {
 	case d.Verdict.Allowed():
@@ -173,9 +203,11 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, req admission.Re
 
 // observe queues what the registry should know: the highest fence the target
 // holds, regressions, and quarantined attempts.
-func (v *ProtectedObjectValidator) observe(req admission.Request, fr *locksv1.FencedResource, d fence.Decision) {
+// The highest fence is taken from the stored object, never from a write not
+// yet committed (it may still fail), so highestObservedFence never overstates.
+func (v *ProtectedObjectValidator) observe(req admission.Request, fr *locksv1.FencedResource, d fence.Decision, stored fence.State) {
 	key := types.NamespacedName{Namespace: fr.Namespace, Name: fr.Name}
-	highest := d.State.HighestFence
+	highest := stored.HighestFence
 	switch {
 	case d.Verdict == fence.FenceRegression:
 		fenceRegressions.Inc()
@@ -219,7 +251,14 @@ func checkReceiptLog(d fence.Decision, stored fence.State, newObj *unstructured.
 
 // changed reports whether an update changes anything but server-managed metadata.
 func changed(oldObj, newObj *unstructured.Unstructured) bool {
-	return !reflect.DeepEqual(comparable(oldObj), comparable(newObj))
+	a, b := comparable(oldObj), comparable(newObj)
+	if newObj.GetDeletionTimestamp() != nil && len(newObj.GetFinalizers()) < len(oldObj.GetFinalizers()) {
+		// Finishing a deletion (a controller dropping its finalizer) needs no
+		// fence: the deletion itself was fenced.
+		delete(a["metadata"].(map[string]any), "finalizers")
+		delete(b["metadata"].(map[string]any), "finalizers")
+	}
+	return !reflect.DeepEqual(a, b)
 }
 
 func comparable(u *unstructured.Unstructured) map[string]any {

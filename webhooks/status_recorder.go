@@ -81,7 +81,17 @@ func (s *StatusRecorder) Start(ctx context.Context) error {
 		s.mu.Unlock()
 		for key, o := range batch {
 			if err := s.record(ctx, key, o); err != nil {
-				log.Error(err, "recording observation", "fencedResource", key)
+				log.Error(err, "recording observation; will retry", "fencedResource", key)
+				s.observe(key, func(p *observation) { // merge back, keep nothing lost
+					p.highestFence = max(p.highestFence, o.highestFence)
+					if p.regression == "" {
+						p.regression = o.regression
+					}
+					p.quarantine = append(o.quarantine, p.quarantine...)
+				})
+				if sleep(ctx, time.Second) != nil {
+					return nil
+				}
 			}
 		}
 	}
@@ -118,7 +128,20 @@ func (s *StatusRecorder) record(ctx context.Context, key types.NamespacedName, o
 		if !apierrors.IsConflict(err) {
 			return err
 		}
-		time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
+		if err := sleep(ctx, time.Duration(attempt+1)*5*time.Millisecond); err != nil {
+			return err
+		}
 	}
 	return fmt.Errorf("FencedResource %s kept changing; observation not recorded", key)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -13,7 +13,10 @@ import (
 )
 
 // TrustBundleSource serves the trust bundle from the fencekeeper-trust-bundle
-// ConfigMap, re-parsing only when its resourceVersion changes.
+// ConfigMap. The keys are pinned when first loaded: a key added to the
+// ConfigMap later is not trusted until the operator restarts (rotation is a
+// controlled change, not a ConfigMap edit). revokedBelowEpoch follows the
+// ConfigMap.
 type TrustBundleSource struct {
 	Reader client.Reader // the manager's cache: ConfigMaps of the operator namespace
 	Key    types.NamespacedName
@@ -21,6 +24,7 @@ type TrustBundleSource struct {
 	mu     sync.Mutex
 	rv     string
 	bundle *grant.TrustBundle
+	pinned *grant.TrustBundle
 }
 
 // Get returns the current bundle.
@@ -38,6 +42,9 @@ func (s *TrustBundleSource) Get(ctx context.Context) (*grant.TrustBundle, error)
 	if err != nil {
 		return nil, fmt.Errorf("trust bundle %s: %w", s.Key, err)
 	}
-	s.rv, s.bundle = cm.ResourceVersion, b
-	return b, nil
+	if s.pinned == nil {
+		s.pinned = b
+	}
+	s.rv, s.bundle = cm.ResourceVersion, &grant.TrustBundle{Keys: s.pinned.Keys, RevokedBelowEpoch: b.RevokedBelowEpoch}
+	return s.bundle, nil
 }

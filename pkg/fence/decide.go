@@ -86,6 +86,8 @@ func StateOf(fenceAnnotation, receiptsAnnotation string) (State, error) {
 
 // Holder is the registry's current holder, as a linearizable read returned it.
 type Holder struct {
+	// Digest is the holder's grant digest: the grant presented must be this one.
+	Digest    string
 	Owner     string
 	Lease     string
 	RequestID string
@@ -187,7 +189,8 @@ func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decisi
 	// Fence rules against the stored state and the registry.
 	f, h := g.FenceToken, st.HighestFence
 	current, notCurrent, why := isCurrent(g, reg)
-	otherGrant := f == h && (g.OperationRoot != st.Root || (st.GrantDigest != "" && g.Digest() != st.GrantDigest))
+	rootDiffers := f == h && g.OperationRoot != st.Root
+	otherGrant := rootDiffers || (f == h && st.GrantDigest != "" && g.Digest() != st.GrantDigest)
 	switch {
 	case f < h && current:
 		return withEnvelope(deny(FenceRegression, "the registry's current grant has fence %d but the object already accepted fence %d: the registry went backwards; raise spec.fenceFloor above %d", f, h, h), e)
@@ -195,7 +198,7 @@ func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decisi
 		return withEnvelope(deny(StaleOwner, "fence %d is older than fence %d the object already accepted", f, h), e)
 	case otherGrant && current:
 		return withEnvelope(deny(FenceRegression, "fence %d was already used at this object by another grant: the registry went backwards; raise spec.fenceFloor above %d", f, h), e)
-	case otherGrant:
+	case rootDiffers:
 		return withEnvelope(deny(RootMismatch, "fence %d is bound to another grant (operation root %s) at this object; this grant has root %s", f, st.Root, g.OperationRoot), e)
 	case !current:
 		return withEnvelope(deny(notCurrent, "%s", why), e)
@@ -232,7 +235,7 @@ func isCurrent(g grant.Grant, reg Registry) (bool, Verdict, string) {
 	switch {
 	case h == nil:
 		return false, NotHeld, "the registry shows no holder for this resource"
-	case h.Fence != g.FenceToken || h.Lease != g.Lease || h.RequestID != g.RequestID:
+	case h.Fence != g.FenceToken || h.Lease != g.Lease || h.RequestID != g.RequestID || (h.Digest != "" && h.Digest != g.Digest()):
 		return false, NotHeld, fmt.Sprintf("the registry's holder is fence %d (lease %s), not this grant's fence %d (lease %s)", h.Fence, h.Lease, g.FenceToken, g.Lease)
 	case !reg.Now.Before(h.ExpiresAt):
 		return false, NotHeld, fmt.Sprintf("the grant with fence %d expired at %s", g.FenceToken, h.ExpiresAt.UTC().Format(time.RFC3339Nano))

@@ -53,7 +53,7 @@ func payload(s string) string {
 // held is a registry whose current holder is g.
 func held(g grant.Grant) Registry {
 	return Registry{Found: true, ResourceID: resourceID, Generation: 1, Now: now,
-		Holder: &Holder{Owner: g.Owner, Lease: g.Lease, RequestID: g.RequestID, Fence: g.FenceToken, ExpiresAt: now.Add(5 * time.Second)}}
+		Holder: &Holder{Digest: g.Digest(), Owner: g.Owner, Lease: g.Lease, RequestID: g.RequestID, Fence: g.FenceToken, ExpiresAt: now.Add(5 * time.Second)}}
 }
 
 // write is an accepted write of g's segment with content v.
@@ -90,6 +90,8 @@ func TestDecideVerdicts(t *testing.T) {
 	revoked := w.grant("worker-a", 5, rootOf('a'))
 	revoked.IssuerEpoch = 0
 	revokedBundle := grant.NewTrustBundle(1, w.signer)
+	mallory := a
+	mallory.Owner = "mallory"
 	policyMoved := held(a)
 	policyMoved.Generation = 2
 	regressed := w.grant("worker-c", 4, rootOf('c')) // the registry went back and issued fence 4
@@ -131,6 +133,7 @@ func TestDecideVerdicts(t *testing.T) {
 		{"registry reissued the same fence and root", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceSameRoot, 1, payload("c1")), Payload: payload("c1")}, held(sameFenceSameRoot), nil, FenceRegression},
 		{"equal fence, other root, not current", st, Attempt{User: "worker-c", Changed: true, Fence: w.envelope(sameFenceOtherRoot, 3, payload("c1")), Payload: payload("c1")}, held(b), nil, RootMismatch},
 		{"expired holder continues", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, expired, nil, NotHeld},
+		{"a copy of the holder's fence, lease and requestID for another owner", st, Attempt{User: "mallory", Changed: true, Fence: w.envelope(mallory, 3, payload("m")), Payload: payload("m")}, held(a), nil, NotHeld},
 		{"holder moved on", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, held(b), nil, NotHeld},
 		{"policy changed", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 3, payload("a3")), Payload: payload("a3")}, policyMoved, nil, PolicyStale},
 		{"higher fence with segment 2", st, Attempt{User: "worker-b", Changed: true, Fence: w.envelope(b, 2, payload("b2")), Payload: payload("b2")}, held(b), nil, SegmentOutOfOrder},

@@ -193,6 +193,9 @@ func compact(v any) []byte {
 // the receipt log to the stored log plus env's receipt. The caller writes the
 // object with these annotations and the content env.Payload digests, in one write.
 func Stamp(annotations map[string]string, env Envelope) (Receipt, error) {
+	if annotations == nil {
+		return Receipt{}, fmt.Errorf("Stamp needs the object's annotations map (make one when it has none)")
+	}
 	stored, err := ParseReceipts(annotations[AnnotationReceipts])
 	if err != nil {
 		return Receipt{}, err

@@ -294,6 +294,38 @@ var _ = Describe("the acceptance webhook", func() {
 		})
 	}
 
+	It("binds an object to its own registry entry: no borrowing a Shadow entry, no rebinding", func() {
+		kind := protectedKinds[0]
+		t := newTarget(kind, ns, "batch", locksv1.EnforcementEnforce)
+		newTarget(kind, ns, "scratch", locksv1.EnforcementShadow)
+		a := held(ns, "batch", "worker-a", "a")
+		Expect(t.write(a, 1, "v1")).To(Succeed())
+		// A new object that points at a Shadow entry whose target is another object: denied, not warned.
+		impostor := target{kind: kind, ns: ns, name: "impostor"}
+		s := held(ns, "scratch", "worker-b", "s")
+		err := impostor.write(s, 1, "x", writeOpts{object: func(u *unstructured.Unstructured) {
+			u.SetAnnotations(map[string]string{fence.AnnotationResource: "scratch"})
+			ann := u.GetAnnotations()
+			_, _ = fence.Stamp(ann, mustEnvelope(s, u))
+			u.SetAnnotations(ann)
+		}})
+		Expect(err).To(denied(fence.WrongResource))
+		// The holder cannot move the object to another entry either.
+		t.deniedWith(fence.WrongResource, func() error {
+			return t.write(a, 2, "v2", writeOpts{object: func(u *unstructured.Unstructured) {
+				ann := u.GetAnnotations()
+				ann[fence.AnnotationResource] = "scratch"
+				u.SetAnnotations(ann)
+			}})
+		})
+		// And a second registry entry for the same object is refused.
+		dup := &locksv1.FencedResource{}
+		dup.Namespace, dup.Name = ns, "batch-twin"
+		dup.Spec = locksv1.FencedResourceSpec{ResourceID: "x", LeaseDurationSeconds: 10,
+			Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: "batch"}, FenceFloor: 5}
+		Expect(admin.Create(suiteCtx, dup)).To(MatchError(ContainSubstring("already protected by FencedResource batch")))
+	})
+
 	It("ratchets Enforce: no way back to Shadow, no deleting the entry while its target exists", func() {
 		kind := protectedKinds[0]
 		t := newTarget(kind, ns, "batch", locksv1.EnforcementShadow)
@@ -329,7 +361,8 @@ var _ = Describe("the acceptance webhook", func() {
 			release(last)
 			waitPhase(last, locksv1.PhaseReleased)
 		}
-		Eventually(func() int64 { return getFR(ns, "batch").Status.HighestObservedFence }).Should(Equal(int64(3)))
+		// highestObservedFence is read off the stored object, so it trails the last write by one.
+		Eventually(func() int64 { return getFR(ns, "batch").Status.HighestObservedFence }).Should(Equal(int64(2)))
 		// Restore an old snapshot of the registry: fence 1, nothing observed.
 		rewindRegistry(ns, "batch", func(status map[string]any) {
 			status["fenceToken"] = int64(1)
@@ -446,6 +479,14 @@ func rewindRegistry(ns, name string, mutate func(status map[string]any)) {
 	mutate(status)
 	raw, _ = json.Marshal(obj)
 	call("/v3/kv/put", map[string]any{"key": b64([]byte(key)), "value": b64(raw)})
+}
+
+// mustEnvelope builds the envelope of segment 1 for u's current content.
+func mustEnvelope(lg *locksv1.LockGrant, u *unstructured.Unstructured) fence.Envelope {
+	lg = getGrant(lg.Namespace, lg.Name)
+	payload, err := fence.PayloadDigest(fence.ObjectPayload(u.Object))
+	Expect(err).NotTo(HaveOccurred())
+	return fence.Envelope{Grant: lg.Status.Grant.ToGrant(), Proof: lg.Status.Proof, Operation: "op", Segment: 1, Payload: payload}
 }
 
 // warningCollector records the admission warnings a client receives.

@@ -1,0 +1,88 @@
+package webhooks
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+func TestEnforcementRatchet(t *testing.T) {
+	fr := func(m locksv1.EnforcementMode) *locksv1.FencedResource {
+		return &locksv1.FencedResource{Spec: locksv1.FencedResourceSpec{Enforcement: m}}
+	}
+	if err := validateEnforcementRatchet(fr(locksv1.EnforcementShadow), fr(locksv1.EnforcementEnforce)); err != nil {
+		t.Fatal(err)
+	}
+	if err := validateEnforcementRatchet(fr(locksv1.EnforcementEnforce), fr(locksv1.EnforcementShadow)); err == nil {
+		t.Fatal("Enforce -> Shadow allowed")
+	}
+}
+
+func TestLockGrantValidation(t *testing.T) {
+	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: "batch"},
+		Spec: locksv1.FencedResourceSpec{AllowedOwners: []string{"a"}, OperationCategories: []string{"settle"}}}
+	lg := func(name, owner, req, cat string) *locksv1.LockGrant {
+		return &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: owner, RequestID: req, OperationCategory: cat}}
+	}
+	cases := map[string]struct {
+		user     string
+		lg       *locksv1.LockGrant
+		existing []locksv1.LockGrant
+		want     string
+	}{
+		"ok":                {"a", lg("x", "a", "r", "settle"), nil, ""},
+		"other owner":       {"b", lg("x", "a", "r", "settle"), nil, "must equal the requesting user"},
+		"not allowed":       {"c", lg("x", "c", "r", "settle"), nil, "allowedOwners"},
+		"category":          {"a", lg("x", "a", "r", "refund"), nil, "operationCategories"},
+		"duplicate":         {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("y", "a", "r", "settle")}, "already used by LockGrant y"},
+		"same object again": {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("x", "a", "r", "settle")}, ""},
+	}
+	for name, c := range cases {
+		err := validateLockGrantCreate(c.user, c.lg, fr, c.existing)
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: got %v, want %q", name, err, c.want)
+		}
+	}
+	old := lg("x", "a", "r", "settle")
+	renewed := old.DeepCopy()
+	renewed.Spec.Renewals = 1
+	if err := validateLockGrantUpdate("b", old, renewed); err == nil {
+		t.Error("a non-owner renewed")
+	}
+	if err := validateLockGrantUpdate("a", old, renewed); err != nil {
+		t.Error(err)
+	}
+	if err := validateLockGrantUpdate("operator", old, old.DeepCopy()); err != nil {
+		t.Error("a metadata-only update by someone else was refused:", err)
+	}
+}
+
+func TestChangedIgnoresServerMetadataAndFinishingDeletions(t *testing.T) {
+	mk := func(mutate func(u *unstructured.Unstructured)) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"name": "x", "resourceVersion": "1", "finalizers": []any{"a", "b"}}, "data": map[string]any{"k": "v"}}}
+		if mutate != nil {
+			mutate(u)
+		}
+		return u
+	}
+	if changed(mk(nil), mk(func(u *unstructured.Unstructured) { u.SetResourceVersion("2") })) {
+		t.Error("resourceVersion counted as a change")
+	}
+	if !changed(mk(nil), mk(func(u *unstructured.Unstructured) { u.Object["data"] = map[string]any{"k": "w"} })) {
+		t.Error("data change missed")
+	}
+	if !changed(mk(nil), mk(func(u *unstructured.Unstructured) { u.SetFinalizers([]string{"a"}) })) {
+		t.Error("finalizer removal on a live object needs a fence")
+	}
+	now := metav1.Now()
+	terminating := func(u *unstructured.Unstructured) { u.SetDeletionTimestamp(&now) }
+	if changed(mk(terminating), mk(func(u *unstructured.Unstructured) { terminating(u); u.SetFinalizers([]string{"a"}) })) {
+		t.Error("dropping a finalizer of a terminating object needs no fence")
+	}
+}
