@@ -2,6 +2,7 @@ package envtest
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -22,7 +24,9 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/pkg/certs"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 // protectedKind is one kind of protected object the acceptance webhook serves.
@@ -363,15 +367,15 @@ var _ = Describe("the acceptance webhook", func() {
 		}
 		// highestObservedFence is read off the stored object, so it trails the last write by one.
 		Eventually(func() int64 { return getFR(ns, "batch").Status.HighestObservedFence }).Should(Equal(int64(2)))
-		// Restore an old snapshot of the registry: fence 1, nothing observed.
+		// Restore an old snapshot of the registry: fence 2, nothing observed.
 		rewindRegistry(ns, "batch", func(status map[string]any) {
-			status["fenceToken"] = int64(1)
+			status["fenceToken"] = int64(2)
 			status["highestObservedFence"] = int64(0)
 			delete(status, "holder")
 		})
-		Eventually(func() int64 { return getFR(ns, "batch").Status.FenceToken }).Should(Equal(int64(1)))
+		Eventually(func() int64 { return getFR(ns, "batch").Status.FenceToken }).Should(Equal(int64(2)))
 		c := held(ns, "batch", "worker-c", "c")
-		Expect(c.Status.Grant.FenceToken).To(Equal(int64(2)), "the rewound registry reissues fence 2")
+		Expect(c.Status.Grant.FenceToken).To(Equal(int64(3)), "the rewound registry reissues fence 3, which the object already accepted")
 		t.deniedWith(fence.FenceRegression, func() error { return t.write(c, 1, "c1") })
 		Eventually(func() []string { return eventReasons(ns, "batch") }).Should(ContainElement(string(fence.FenceRegression)))
 		var fr *locksv1.FencedResource
@@ -388,6 +392,8 @@ var _ = Describe("the acceptance webhook", func() {
 		// Recovery: an operator raises fenceFloor above the highest fence seen.
 		Expect(update(admin, &locksv1.FencedResource{ObjectMeta: fr.ObjectMeta}, func(fr *locksv1.FencedResource) { fr.Spec.FenceFloor = 10 })).To(Succeed())
 		waitPhase(c, locksv1.PhaseRevoked)
+		// The twice-issued fence, no longer current, is bound to another root at the object.
+		t.deniedWith(fence.RootMismatch, func() error { return t.write(c, 2, "c2") })
 		d := held(ns, "batch", "worker-d", "d")
 		Expect(d.Status.Grant.FenceToken).To(Equal(int64(11)))
 		Expect(t.write(d, 1, "d1")).To(Succeed())
@@ -514,3 +520,29 @@ func warningClient(user string, w *warningCollector) client.Client {
 	Expect(err).NotTo(HaveOccurred())
 	return c
 }
+
+var _ = Describe("self-managed webhook certificates", func() {
+	It("patch the caBundle of every webhook in the configuration", func() {
+		cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		cfg.Name = "fencekeeper-cabundle-test"
+		none := admissionregistrationv1.SideEffectClassNone
+		url := "https://127.0.0.1:1/never-called"
+		for _, name := range []string{"a.fencekeeper.dev", "b.fencekeeper.dev"} {
+			cfg.Webhooks = append(cfg.Webhooks, admissionregistrationv1.ValidatingWebhook{
+				Name: name, SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
+				ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
+			})
+		}
+		Expect(admin.Create(suiteCtx, cfg)).To(Succeed())
+		DeferCleanup(func() { _ = admin.Delete(suiteCtx, cfg) })
+		b, err := certs.Generate([]string{"127.0.0.1"}, time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		ctx, cancel := context.WithTimeout(suiteCtx, 10*time.Second)
+		defer cancel()
+		Expect((&webhooks.CABundlePatcher{Client: admin, Name: cfg.Name, CABundle: b.CACert}).Start(ctx)).To(Succeed())
+		Expect(admin.Get(suiteCtx, client.ObjectKeyFromObject(cfg), cfg)).To(Succeed())
+		for _, w := range cfg.Webhooks {
+			Expect(w.ClientConfig.CABundle).To(Equal(b.CACert), w.Name)
+		}
+	})
+})
