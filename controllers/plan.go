@@ -90,13 +90,7 @@ func denial(fr *locksv1.FencedResource, lg *locksv1.LockGrant, first map[string]
 	if n := first[lg.Spec.RequestID]; n != lg.Name {
 		return locksv1.ReasonDuplicateRequest, fmt.Sprintf("LockGrant %s already carries requestID %q for this resource", n, lg.Spec.RequestID)
 	}
-	if len(fr.Spec.AllowedOwners) > 0 && !slices.Contains(fr.Spec.AllowedOwners, lg.Spec.Owner) {
-		return locksv1.ReasonOwnerNotAllowed, fmt.Sprintf("owner %q is not in the FencedResource's allowedOwners", lg.Spec.Owner)
-	}
-	if len(fr.Spec.OperationCategories) > 0 && !slices.Contains(fr.Spec.OperationCategories, lg.Spec.OperationCategory) {
-		return locksv1.ReasonCategoryDenied, fmt.Sprintf("operationCategory %q is not in the FencedResource's operationCategories", lg.Spec.OperationCategory)
-	}
-	return "", ""
+	return fr.PolicyViolation(lg.Spec.Owner, lg.Spec.OperationCategory)
 }
 
 // arrivedBefore orders requests FIFO by creation, then by name for a stable order.

@@ -6,7 +6,6 @@ package webhooks
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -73,12 +72,8 @@ func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.Fen
 	if lg.Spec.Owner != user {
 		return fmt.Errorf("spec.owner %q must equal the requesting user %q: a LockGrant can only be requested for yourself", lg.Spec.Owner, user)
 	}
-	if len(fr.Spec.AllowedOwners) > 0 && !slices.Contains(fr.Spec.AllowedOwners, user) {
-		return fmt.Errorf("spec.owner %q is not in FencedResource %s spec.allowedOwners", user, fr.Name)
-	}
-	if len(fr.Spec.OperationCategories) > 0 && !slices.Contains(fr.Spec.OperationCategories, lg.Spec.OperationCategory) {
-		return fmt.Errorf("spec.operationCategory %q is not one of FencedResource %s spec.operationCategories %v",
-			lg.Spec.OperationCategory, fr.Name, fr.Spec.OperationCategories)
+	if _, msg := fr.PolicyViolation(user, lg.Spec.OperationCategory); msg != "" {
+		return fmt.Errorf("%s", msg)
 	}
 	for _, other := range existing {
 		if other.Name != lg.Name && other.Spec.Resource == lg.Spec.Resource && other.Spec.RequestID == lg.Spec.RequestID {

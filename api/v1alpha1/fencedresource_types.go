@@ -29,16 +29,12 @@ const (
 
 // Condition reasons of a FencedResource.
 const (
-	ReasonIssuing           = "Issuing"
-	ReasonEpochRevoked      = "IssuerEpochRevoked"
-	ReasonHolderActive      = "GrantHeld"
-	ReasonNoHolder          = "NoHolder"
-	ReasonNoRegression      = "NoRegression"
-	ReasonRegressionFound   = "RegistryBehindTarget"
-	ReasonFloorAboveTarget  = "FenceFloorAboveTarget"
-	ReasonNothingUnknown    = "NoUnknownOutcomes"
-	ReasonUnknownOutcomes   = "UnknownOutcomes"
-	ReasonTargetUnprotected = "TargetUnprotected"
+	ReasonIssuing          = "Issuing"
+	ReasonEpochRevoked     = "IssuerEpochRevoked"
+	ReasonHolderActive     = "GrantHeld"
+	ReasonNoHolder         = "NoHolder"
+	ReasonRegressionFound  = "RegistryBehindTarget"
+	ReasonFloorAboveTarget = "FenceFloorAboveTarget"
 )
 
 // ObjectTarget names the in-cluster object, in the FencedResource's namespace, that the entry protects.

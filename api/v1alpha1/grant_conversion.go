@@ -1,6 +1,11 @@
 package v1alpha1
 
-import "github.com/fencekeeper/fencekeeper/pkg/grant"
+import (
+	"fmt"
+	"slices"
+
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
 
 // ToGrant converts the API form of the document to the signing form.
 func (d *GrantDocument) ToGrant() grant.Grant { return grant.Grant(*d) }
@@ -20,4 +25,18 @@ func (h *Holder) Grant(resourceID string) grant.Grant {
 		IssuerEpoch: h.IssuerEpoch, TTLSeconds: h.TTLSeconds,
 		OperationCategory: h.OperationCategory, IssuedAt: h.IssuedAt,
 	}
+}
+
+// PolicyViolation says why the entry's policy refuses a request by owner with
+// category: the condition reason and a message naming the field; "" when allowed.
+// The LockGrant webhook and the issuer both ask it, so the policy has one definition.
+func (fr *FencedResource) PolicyViolation(owner, category string) (reason, message string) {
+	if len(fr.Spec.AllowedOwners) > 0 && !slices.Contains(fr.Spec.AllowedOwners, owner) {
+		return ReasonOwnerNotAllowed, fmt.Sprintf("spec.owner %q is not in FencedResource %s spec.allowedOwners", owner, fr.Name)
+	}
+	if len(fr.Spec.OperationCategories) > 0 && !slices.Contains(fr.Spec.OperationCategories, category) {
+		return ReasonCategoryDenied, fmt.Sprintf("spec.operationCategory %q is not one of FencedResource %s spec.operationCategories %v",
+			category, fr.Name, fr.Spec.OperationCategories)
+	}
+	return "", ""
 }

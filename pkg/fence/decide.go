@@ -137,8 +137,6 @@ type Decision struct {
 	Envelope *Envelope
 }
 
-func (d Decision) String() string { return d.Message }
-
 // Decide applies DESIGN.md's acceptance rules. It never changes st for a
 // rejected attempt: the returned State is st itself unless the verdict is Accepted.
 func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decision {

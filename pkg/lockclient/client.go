@@ -55,9 +55,6 @@ func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Cli
 // Identity is the owner this client claims as.
 func (c *Client) Identity() string { return c.identity }
 
-// Kube is the underlying Kubernetes client.
-func (c *Client) Kube() client.WithWatch { return c.kube }
-
 // GrantName is the LockGrant name for a request: deterministic, so that a
 // retry after a lost response finds the object the first attempt created.
 func GrantName(resource, requestID string) string {
