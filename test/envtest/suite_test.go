@@ -7,7 +7,6 @@ package envtest
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,16 +15,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/yaml"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -38,20 +32,21 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/pkg/localcp"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 const (
-	operatorUser = "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager"
-	workersGroup = "fencekeeper:workers"
+	workersGroup = localcp.WorkersGroup
 	opNamespace  = controllers.DefaultNamespace
 )
 
 var (
+	cp        *localcp.ControlPlane
 	testEnv   *envtest.Environment
 	adminCfg  *rest.Config
 	admin     client.Client
-	scheme    = runtime.NewScheme()
+	scheme    *runtime.Scheme
 	opCfg     *rest.Config
 	suiteCtx  context.Context
 	cancelAll context.CancelFunc
@@ -71,67 +66,22 @@ func TestEnvtest(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(locksv1.AddToScheme(scheme))
 	suiteCtx, cancelAll = context.WithCancel(context.Background())
 
-	root := repoRoot()
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = filepath.Join(root, "bin", "k8s")
-	}
-	Expect(filepath.Join(assets, "kube-apiserver")).To(BeAnExistingFile(),
-		"the control plane is not built: run `make test` (or hack/build-control-plane.sh) first")
-	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "test", "envtest", "testdata")},
-		ErrorIfCRDPathMissing: true,
-		BinaryAssetsDirectory: assets,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{ValidatingWebhooks: webhookConfigurations(root)},
-	}
-	var err error
-	adminCfg, err = testEnv.Start()
+	root, err := localcp.RepoRoot()
 	Expect(err).NotTo(HaveOccurred())
+	cp, err = localcp.Start(suiteCtx, localcp.Options{
+		Root:            root,
+		CRDDirs:         []string{filepath.Join(root, "test", "envtest", "testdata")},
+		ProtectedKinds:  []schema.GroupVersionResource{{Group: "billing.example.com", Version: "v1", Resource: "invoicebatches"}},
+		EnvtestWebhooks: true,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	testEnv, adminCfg, opCfg, scheme = cp.Env, cp.Admin, cp.Operator, cp.Scheme
 	admin, err = client.New(adminCfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
-
-	Expect(admin.Create(suiteCtx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opNamespace}})).To(Succeed())
-	// The operator runs with exactly the generated RBAC (config/rbac/role.yaml),
-	// which proves it is sufficient; workers get the requester role.
-	for _, obj := range loadYAML(filepath.Join(root, "config", "rbac", "role.yaml"), filepath.Join(root, "config", "rbac", "lockgrant_requester_role.yaml")) {
-		Expect(admin.Create(suiteCtx, obj)).To(Succeed())
-	}
-	bind := func(kind, roleName, ns string, subject rbacv1.Subject) {
-		meta := metav1.ObjectMeta{Name: roleName + "-" + strings.ToLower(subject.Kind), Namespace: ns}
-		ref := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: kind, Name: roleName}
-		var obj client.Object = &rbacv1.ClusterRoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: []rbacv1.Subject{subject}}
-		if kind == "Role" {
-			obj = &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: []rbacv1.Subject{subject}}
-		}
-		Expect(admin.Create(suiteCtx, obj)).To(Succeed())
-	}
-	opSubject := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUser}
-	bind("ClusterRole", "manager-role", "", opSubject)
-	bind("ClusterRole", "target-reader", "", opSubject)
-	bind("Role", "manager-role", opNamespace, opSubject)
-	workerSubject := rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: workersGroup}
-	bind("ClusterRole", "lockgrant-requester", "", workerSubject)
-	// The protected objects of the tests: workers write them, the operator reads
-	// the custom kind's targets (as an installation grants for its kinds).
-	Expect(admin.Create(suiteCtx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "protected-object-writer"}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"billing.example.com"}, Resources: []string{"invoicebatches"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
-	}})).To(Succeed())
-	bind("ClusterRole", "protected-object-writer", "", workerSubject)
-	Expect(admin.Create(suiteCtx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "target-reader"}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{"billing.example.com"}, Resources: []string{"invoicebatches"}, Verbs: []string{"get"}},
-	}})).To(Succeed())
-
-	opUser, err := testEnv.AddUser(envtest.User{Name: operatorUser}, adminCfg)
-	Expect(err).NotTo(HaveOccurred())
-	opCfg = opUser.Config()
-	opCfg.QPS, opCfg.Burst = 500, 1000
 	for _, name := range []string{"worker-a", "worker-b", "worker-c", "worker-d", "worker-e"} {
-		u, err := testEnv.AddUser(envtest.User{Name: name, Groups: []string{workersGroup}}, adminCfg)
+		u, err := cp.AddUser(name, workersGroup)
 		Expect(err).NotTo(HaveOccurred())
 		workers[name], err = client.New(u.Config(), client.Options{Scheme: scheme})
 		Expect(err).NotTo(HaveOccurred())
@@ -149,8 +99,8 @@ var _ = AfterSuite(func() {
 	if primary != nil {
 		primary.stop()
 	}
-	if testEnv != nil {
-		Expect(testEnv.Stop()).To(Succeed())
+	if cp != nil {
+		Expect(cp.Stop()).To(Succeed())
 	}
 })
 
@@ -177,26 +127,6 @@ func startWebhookServer() {
 		Expect(mgr.Start(suiteCtx)).To(Succeed())
 	}()
 	Eventually(func() error { return mgr.GetWebhookServer().StartedChecker()(nil) }).Should(Succeed())
-}
-
-// webhookConfigurations loads the generated webhook manifests and adds the
-// test's custom kind to the protected-object webhook, as an installation adds
-// its own kinds (docs/protecting-objects.md).
-func webhookConfigurations(root string) []*admissionregistrationv1.ValidatingWebhookConfiguration {
-	var out []*admissionregistrationv1.ValidatingWebhookConfiguration
-	for _, obj := range loadYAML(filepath.Join(root, "config", "webhook", "manifests.yaml")) {
-		cfg := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration)
-		for i := range cfg.Webhooks {
-			if cfg.Webhooks[i].Name == "vprotected.fencekeeper.dev" {
-				rule := cfg.Webhooks[i].Rules[0].DeepCopy()
-				rule.APIGroups, rule.APIVersions, rule.Resources = []string{"billing.example.com"}, []string{"v1"}, []string{"invoicebatches"}
-				cfg.Webhooks[i].Rules = append(cfg.Webhooks[i].Rules, *rule)
-			}
-		}
-		out = append(out, cfg)
-	}
-	Expect(out).NotTo(BeEmpty())
-	return out
 }
 
 // operator is one running issuer (a manager with its own cache).
@@ -241,44 +171,6 @@ func (o *operator) stop() {
 func (o *operator) step(d time.Duration) {
 	o.clock.Step(d)
 	o.issuer.ResyncAll()
-}
-
-func repoRoot() string {
-	dir, err := os.Getwd()
-	Expect(err).NotTo(HaveOccurred())
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		Expect(parent).NotTo(Equal(dir), "go.mod not found above the test directory")
-		dir = parent
-	}
-}
-
-// loadYAML reads multi-document manifests into typed objects.
-func loadYAML(paths ...string) []client.Object {
-	var out []client.Object
-	for _, p := range paths {
-		f, err := os.Open(p)
-		Expect(err).NotTo(HaveOccurred())
-		dec := yaml.NewYAMLOrJSONDecoder(f, 4096)
-		for {
-			var u unstructured.Unstructured
-			if err := dec.Decode(&u.Object); err != nil {
-				break
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			obj, err := scheme.New(u.GroupVersionKind())
-			Expect(err).NotTo(HaveOccurred())
-			Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj)).To(Succeed())
-			out = append(out, obj.(client.Object))
-		}
-		f.Close()
-	}
-	return out
 }
 
 // newNamespace makes a namespace for one spec.

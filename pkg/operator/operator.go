@@ -1,0 +1,130 @@
+// Package operator assembles the fencekeeper operator: the grant issuer (leader
+// only), the admission webhooks (every replica), health probes, metrics and,
+// for local control planes, self-managed webhook certificates. cmd/manager runs
+// it from flags; the local control plane (make dev, make demo) runs the same
+// code in-process.
+package operator
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/pkg/certs"
+	"github.com/fencekeeper/fencekeeper/webhooks"
+)
+
+// Options configure one operator process.
+type Options struct {
+	// Namespace holds the signing key, trust bundle, epoch record and the
+	// leader-election lease.
+	Namespace string
+	// MetricsAddr and ProbeAddr are listen addresses ("0" disables).
+	MetricsAddr, ProbeAddr string
+	// LeaderElect: only the leader issues; each new leader starts an epoch.
+	LeaderElect bool
+	// WebhookHost and WebhookPort are where the webhook server listens.
+	WebhookHost string
+	WebhookPort int
+	// CertDir holds tls.crt and tls.key (written there with SelfSignedCerts).
+	CertDir string
+	// SelfSignedCerts generates a CA and serving certificate for WebhookHosts
+	// and patches WebhookConfiguration's caBundle (no cert-manager needed).
+	SelfSignedCerts      bool
+	WebhookHosts         []string
+	WebhookConfiguration string
+	// MaxConcurrentReconciles: FencedResources decided in parallel.
+	MaxConcurrentReconciles int
+	// Clock is the issuer's and the webhook's clock (default: real time).
+	Clock clock.Clock
+}
+
+// Scheme knows the core types and fencekeeper's.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(locksv1.AddToScheme(s))
+	return s
+}
+
+// Run runs the operator against cfg until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	if o.Namespace == "" {
+		o.Namespace = controllers.DefaultNamespace
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	var caBundle []byte
+	if o.SelfSignedCerts {
+		if o.CertDir == "" {
+			o.CertDir = filepath.Join(os.TempDir(), "fencekeeper-webhook-certs")
+		}
+		b, err := certs.Generate(o.WebhookHosts, 365*24*time.Hour)
+		if err == nil {
+			err = b.WriteServingFiles(o.CertDir)
+		}
+		if err != nil {
+			return fmt.Errorf("webhook serving certificate: %w", err)
+		}
+		caBundle = b.CACert
+	}
+	// HTTP/2 stays off on the webhook server (CVE-2023-44487, rapid reset).
+	noHTTP2 := func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        Scheme(),
+		Cache:                         controllers.CacheOptions(o.Namespace),
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:        o.ProbeAddr,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              "issuer.locks.fencekeeper.dev",
+		LeaderElectionNamespace:       o.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.CertDir, TLSOpts: []func(*tls.Config){noHTTP2},
+		}),
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles}); err != nil {
+		return fmt.Errorf("issuer: %w", err)
+	}
+	if err := webhooks.SetupLockGrantWebhook(mgr); err != nil {
+		return fmt.Errorf("LockGrant webhook: %w", err)
+	}
+	if err := webhooks.SetupFencedResourceWebhook(mgr); err != nil {
+		return fmt.Errorf("FencedResource webhook: %w", err)
+	}
+	if _, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock); err != nil {
+		return fmt.Errorf("protected-object webhook: %w", err)
+	}
+	if caBundle != nil {
+		if err := mgr.Add(&webhooks.CABundlePatcher{Client: mgr.GetClient(), Name: o.WebhookConfiguration, CABundle: caBundle}); err != nil {
+			return fmt.Errorf("caBundle patcher: %w", err)
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return err
+	}
+	mgr.GetLogger().Info("starting operator", "namespace", o.Namespace, "leaderElect", o.LeaderElect)
+	return mgr.Start(ctx)
+}
