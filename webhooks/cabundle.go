@@ -10,10 +10,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// The name is the one config/default gives the configuration (namePrefix fencekeeper-).
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;patch,resourceNames=fencekeeper-validating-webhook-configuration
+
 // CABundlePatcher points a ValidatingWebhookConfiguration at a self-generated
 // CA (local control planes without cert-manager). It retries until the
 // configuration exists, then patches every webhook's caBundle once.
 type CABundlePatcher struct {
+	// Client must be uncached: RBAC grants get and patch of the one configuration only.
 	Client   client.Client
 	Name     string
 	CABundle []byte

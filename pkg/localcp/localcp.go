@@ -127,7 +127,7 @@ func (cp *ControlPlane) AdminClient() (client.WithWatch, error) {
 }
 
 // AddUser adds an authenticated user; workers belong to WorkersGroup.
-func (cp *ControlPlane) AddUser(name string, groups ...string) (*envtest.AuthenticatedUser, error) {
+func (cp *ControlPlane) AddUser(name string, groups ...string) (*User, error) {
 	return cp.Env.AddUser(envtest.User{Name: name, Groups: groups}, cp.Admin)
 }
 
@@ -141,7 +141,8 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
 	// The operator runs with exactly the generated RBAC (config/rbac/role.yaml),
 	// which proves it sufficient; workers get the requester role.
-	generated, err := LoadObjects(cp.Scheme, filepath.Join(cp.root, "config", "rbac", "role.yaml"), filepath.Join(cp.root, "config", "rbac", "lockgrant_requester_role.yaml"))
+	generated, err := LoadObjects(cp.Scheme, filepath.Join(cp.root, "config", "rbac", "role.yaml"), filepath.Join(cp.root, "config", "rbac", "lockgrant_requester_role.yaml"),
+		filepath.Join(cp.root, "config", "rbac", "leader_election_role.yaml"))
 	if err != nil {
 		return err
 	}
@@ -164,6 +165,7 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 		binding("ClusterRole", "manager-role", "", op),
 		binding("ClusterRole", "target-reader", "", op),
 		binding("Role", "manager-role", ns, op),
+		binding("Role", "leader-election-role", ns, op),
 		binding("ClusterRole", "lockgrant-requester", "", workers),
 		binding("ClusterRole", "protected-object-writer", "", workers))
 	for _, obj := range objs {
@@ -300,3 +302,6 @@ func LoadObjects(scheme *runtime.Scheme, paths ...string) ([]client.Object, erro
 	}
 	return out, nil
 }
+
+// User is an authenticated user of the control plane.
+type User = envtest.AuthenticatedUser

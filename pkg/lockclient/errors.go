@@ -70,9 +70,15 @@ func (e *DenialError) Is(target error) bool { return verdictErrors[e.Verdict] ==
 var denialRE = regexp.MustCompile(`denied the request: ([A-Z_]+): (.*)$`)
 var receiptRE = regexp.MustCompile(`receipt (sha256:[0-9a-f]{64})`)
 
-// AsDenial recognizes an admission denial by the acceptance webhook in an
-// error returned by any Kubernetes client.
-func AsDenial(err error) (*DenialError, bool) { return asDenial(err) }
+// AsDenial recognizes an admission denial by the acceptance webhook: a
+// *DenialError from this package, or the error of any Kubernetes client.
+func AsDenial(err error) (*DenialError, bool) {
+	var d *DenialError
+	if errors.As(err, &d) {
+		return d, true
+	}
+	return asDenial(err)
+}
 
 func asDenial(err error) (*DenialError, bool) {
 	if err == nil || !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)) {

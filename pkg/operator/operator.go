@@ -19,7 +19,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -52,6 +54,9 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Clock is the issuer's and the webhook's clock (default: real time).
 	Clock clock.Clock
+	// OnIssuing, if set, is called once this replica issues grants (it leads)
+	// and its webhook server is serving.
+	OnIssuing func()
 }
 
 // Scheme knows the core types and fencekeeper's.
@@ -102,7 +107,8 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
 	}
-	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles}); err != nil {
+	issuer, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles})
+	if err != nil {
 		return fmt.Errorf("issuer: %w", err)
 	}
 	if err := webhooks.SetupLockGrantWebhook(mgr); err != nil {
@@ -115,7 +121,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		return fmt.Errorf("protected-object webhook: %w", err)
 	}
 	if caBundle != nil {
-		if err := mgr.Add(&webhooks.CABundlePatcher{Client: mgr.GetClient(), Name: o.WebhookConfiguration, CABundle: caBundle}); err != nil {
+		// Uncached: the operator may get and patch this one configuration, not list or watch them.
+		uncached, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(&webhooks.CABundlePatcher{Client: uncached, Name: o.WebhookConfiguration, CABundle: caBundle}); err != nil {
 			return fmt.Errorf("caBundle patcher: %w", err)
 		}
 	}
@@ -124,6 +135,25 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
 		return err
+	}
+	if o.OnIssuing != nil {
+		started := mgr.GetWebhookServer().StartedChecker()
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			if err := issuer.Wait(ctx); err != nil {
+				return nil // stopped before leading
+			}
+			for started(nil) != nil {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			o.OnIssuing()
+			return nil
+		})); err != nil {
+			return err
+		}
 	}
 	mgr.GetLogger().Info("starting operator", "namespace", o.Namespace, "leaderElect", o.LeaderElect)
 	return mgr.Start(ctx)

@@ -1,0 +1,114 @@
+// Command dev runs fencekeeper's local development environment (make dev): the
+// embedded control plane (etcd and kube-apiserver from bin/k8s), the CRDs,
+// webhook configuration and RBAC of an installation, and the operator with
+// self-managed webhook certificates. It writes kubeconfigs, prints how to use
+// them, and runs until interrupted; then it stops every process it started.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/pkg/operator"
+)
+
+func main() {
+	var (
+		dir, metricsAddr string
+		verbose          bool
+	)
+	flag.StringVar(&dir, "dir", "bin/dev", "Where the kubeconfigs are written.")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "The operator's Prometheus metrics endpoint (0 disables it).")
+	flag.BoolVar(&verbose, "v", false, "Print the operator's logs.")
+	flag.Parse()
+	log := logr.Discard()
+	if verbose {
+		log = zap.New(zap.UseDevMode(true))
+	}
+	ctrl.SetLogger(log)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, dir, metricsAddr); err != nil {
+		fmt.Fprintln(os.Stderr, "make dev:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, dir, metricsAddr string) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	fmt.Println("Starting etcd and kube-apiserver…")
+	cp, err := localcp.Start(ctx, localcp.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Println("Stopping kube-apiserver and etcd…")
+		if err := cp.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop the control plane:", err)
+		}
+	}()
+	fmt.Println("Starting the operator (self-signed webhook certificates)…")
+	op, err := cp.RunOperator(ctx, operator.Options{MetricsAddr: metricsAddr})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Println("Stopping the operator…")
+		if err := op.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop the operator:", err)
+		}
+	}()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	admin, err := cp.AddUser("dev-admin", "system:masters")
+	if err != nil {
+		return err
+	}
+	files := map[string]*localcp.User{"kubeconfig": admin}
+	for _, w := range []string{"worker-a", "worker-b"} {
+		if files[w+".kubeconfig"], err = cp.AddUser(w, localcp.WorkersGroup); err != nil {
+			return err
+		}
+	}
+	for name, u := range files {
+		data, err := u.KubeConfig()
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return err
+		}
+		defer os.Remove(path)
+	}
+	fmt.Printf(`
+fencekeeper is running: the operator issues grants and its webhooks guard protected objects.
+Metrics: http://%s/metrics
+
+export KUBECONFIG=%s
+export PATH=%s:$PATH   # kubectl fence (make dev builds bin/kubectl-fence)
+
+Workers (group %s) have their own kubeconfigs:
+  %s
+  %s
+Press Ctrl-C to stop; everything started here stops with it.
+`, metricsAddr, filepath.Join(dir, "kubeconfig"), filepath.Join(cp.Root(), "bin"), localcp.WorkersGroup,
+		filepath.Join(dir, "worker-a.kubeconfig"), filepath.Join(dir, "worker-b.kubeconfig"))
+	<-ctx.Done()
+	fmt.Println()
+	return nil
+}
