@@ -253,7 +253,8 @@ type FencedResourceStatus struct {
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resourceID`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.owner`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.holder.expiresAt`
+// Expires is a string column: kubectl shows a future date column as <invalid>.
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.holder.expiresAt`
 // +kubebuilder:printcolumn:name="Enforcement",type=string,JSONPath=`.spec.enforcement`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

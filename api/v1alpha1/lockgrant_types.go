@@ -192,7 +192,8 @@ type LockGrantStatus struct {
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.grant.fenceToken`
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.expiresAt`
+// Expires is a string column: kubectl shows a future date column as <invalid>.
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expiresAt`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type LockGrant struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -46,6 +46,11 @@ type AcquireOptions struct {
 	RequestTimeout time.Duration
 	// OnStateChange, if set, is called (from the lock's goroutine) on every state change.
 	OnStateChange func(State)
+	// Unguarded (Attach only) attaches even to a grant that has ended, and its
+	// Guard lets writes through: the acceptance webhook then refuses them. It
+	// exists to exercise the acceptance point (kubectl fence write
+	// --unguarded), never for real work.
+	Unguarded bool
 }
 
 // Lock is one held claim: a session whose TTL the issuer enforces.
@@ -86,6 +91,48 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	if err != nil {
 		return nil, err
 	}
+	l.hold(ctx, lg)
+	return l, nil
+}
+
+// Attach takes over an existing held LockGrant of this client's identity by
+// name: a worker restarted after a crash, or a second process of the same
+// owner (kubectl fence write). It does not acquire: a grant that is not Held
+// is an error (ErrExpired, ErrReleased, ErrDenied, or not granted yet).
+func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lock, error) {
+	var lg locksv1.LockGrant
+	if err := c.kube.Get(ctx, types.NamespacedName{Namespace: c.namespace, Name: name}, &lg); err != nil {
+		return nil, err
+	}
+	if lg.Spec.Owner != c.identity {
+		return nil, fmt.Errorf("LockGrant %s belongs to %q, not to %q", name, lg.Spec.Owner, c.identity)
+	}
+	o.RequestID, o.Lease, o.OperationRoot, o.OperationCategory = lg.Spec.RequestID, lg.Spec.Lease, lg.Spec.OperationRoot, lg.Spec.OperationCategory
+	l := &Lock{c: c, key: client.ObjectKeyFromObject(&lg), resource: lg.Spec.Resource, opts: o, state: StateRequested,
+		pending: lg.Spec.Renewals, done: make(chan struct{})}
+	done, err := acquired(&lg)
+	switch {
+	case o.Unguarded && lg.Status.Grant != nil:
+		l.view, l.state = &lg, StateHeld // no keeper: nothing is renewed
+		return l, nil
+	case !done:
+		return nil, fmt.Errorf("%w: LockGrant %s is %s, not Held yet", ErrOwnershipUnknown, name, phaseOrPending(&lg))
+	case err != nil:
+		return nil, err
+	}
+	l.hold(ctx, &lg)
+	return l, nil
+}
+
+func phaseOrPending(lg *locksv1.LockGrant) locksv1.LockGrantPhase {
+	if lg.Status.Phase == "" {
+		return locksv1.PhasePending
+	}
+	return lg.Status.Phase
+}
+
+// hold enters HELD with the issuer's view lg and starts the keeper.
+func (l *Lock) hold(ctx context.Context, lg *locksv1.LockGrant) {
 	lease := time.Duration(lg.Status.Grant.TTLSeconds) * time.Second
 	if l.opts.RenewInterval <= 0 {
 		l.opts.RenewInterval = lease / 3
@@ -100,7 +147,6 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.cancel = cancel
 	go l.keep(kctx)
-	return l, nil
 }
 
 // createOrRecover creates the LockGrant once. When the outcome of a create is

@@ -1,0 +1,339 @@
+package fencectl
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/webhooks"
+)
+
+// auditRow is one protected object (or one FencedResource target) and what
+// the audit found about it.
+type auditRow struct {
+	Namespace      string                  `json:"namespace"`
+	Object         string                  `json:"object"`
+	APIVersion     string                  `json:"apiVersion"`
+	Exists         bool                    `json:"exists"`
+	FencedResource string                  `json:"fencedResource,omitempty"`
+	Enforcement    locksv1.EnforcementMode `json:"enforcement,omitempty"`
+	WebhookCovers  bool                    `json:"webhookCovers"`
+	Gaps           []string                `json:"gaps,omitempty"`
+}
+
+type auditReport struct {
+	Objects []auditRow `json:"objects"`
+	Gaps    int        `json:"gaps"`
+}
+
+func (o *options) auditCmd() *cobra.Command {
+	var all, requireEnforce bool
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Check every protected object has a FencedResource naming it and webhook coverage (exit 1 on a gap)",
+		Long: `audit lists every object labeled fencekeeper.dev/protected=true (ConfigMaps,
+the kinds FencedResources target and the kinds the acceptance webhook covers)
+and every FencedResource target, and checks for each:
+  - a FencedResource (annotation fencekeeper.dev/resource) whose target names it;
+  - its enforcement mode (Shadow only warns; --require-enforce makes it a gap);
+  - the acceptance webhook covers its kind for CREATE, UPDATE and DELETE, selects
+    it, and fails closed (failurePolicy Fail);
+  - a FencedResource target that exists carries the label and annotation.
+It exits 1 when it finds a gap.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			kube, err := o.kube()
+			if err != nil {
+				return err
+			}
+			ns := o.ns()
+			if all {
+				ns = ""
+			}
+			rep, err := audit(cmd.Context(), kube, ns, requireEnforce)
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				if err := o.json(rep); err != nil {
+					return err
+				}
+			} else {
+				o.printAudit(rep)
+			}
+			if rep.Gaps > 0 {
+				fmt.Fprintf(o.stderr, "audit found %d gap(s)\n", rep.Gaps)
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "Audit every namespace.")
+	cmd.Flags().BoolVar(&requireEnforce, "require-enforce", false, "Count Shadow enforcement as a gap.")
+	return cmd
+}
+
+func (o *options) printAudit(rep auditReport) {
+	if len(rep.Objects) == 0 {
+		o.printf("No protected objects and no FencedResource targets found.\n")
+		return
+	}
+	tw := o.table("NAMESPACE", "OBJECT", "FENCEDRESOURCE", "ENFORCEMENT", "WEBHOOK", "RESULT")
+	defer tw.Flush()
+	for _, r := range rep.Objects {
+		result := "ok"
+		if len(r.Gaps) > 0 {
+			result = "GAP: " + strings.Join(r.Gaps, "; ")
+		} else if !r.Exists {
+			result = "ok (not created yet)"
+		}
+		webhook := "no"
+		if r.WebhookCovers {
+			webhook = "yes"
+		}
+		fr, enf := r.FencedResource, string(r.Enforcement)
+		if fr == "" {
+			fr, enf = "-", "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Object, fr, enf, webhook, result)
+	}
+}
+
+// audit gathers protected objects and targets in ns ("" = all namespaces).
+func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bool) (auditReport, error) {
+	var frs locksv1.FencedResourceList
+	if err := kube.List(ctx, &frs, client.InNamespace(ns)); err != nil {
+		return auditReport{}, explainAPI(err, "FencedResources")
+	}
+	var cfgs admissionregistrationv1.ValidatingWebhookConfigurationList
+	if err := kube.List(ctx, &cfgs); err != nil {
+		return auditReport{}, fmt.Errorf("read the webhook configurations (an auditor needs list on validatingwebhookconfigurations): %w", err)
+	}
+	var hooks []admissionregistrationv1.ValidatingWebhook
+	for _, c := range cfgs.Items {
+		for _, w := range c.Webhooks {
+			if w.ClientConfig.Service != nil && w.ClientConfig.Service.Path != nil && *w.ClientConfig.Service.Path == webhooks.ProtectedPath ||
+				w.ClientConfig.URL != nil && strings.HasSuffix(*w.ClientConfig.URL, webhooks.ProtectedPath) {
+				hooks = append(hooks, w)
+			}
+		}
+	}
+	// The kinds to look at: ConfigMaps, FencedResource targets, webhook rules.
+	kinds := map[schema.GroupVersionKind]bool{{Version: "v1", Kind: "ConfigMap"}: true}
+	for _, fr := range frs.Items {
+		if t := fr.Spec.Target; t != nil {
+			kinds[schema.FromAPIVersionAndKind(t.APIVersion, t.Kind)] = true
+		}
+	}
+	for _, w := range hooks {
+		for _, r := range w.Rules {
+			for _, g := range r.APIGroups {
+				for _, v := range r.APIVersions {
+					for _, res := range r.Resources {
+						if g == "*" || v == "*" || res == "*" || strings.Contains(res, "/") {
+							continue
+						}
+						if gvk, err := kube.RESTMapper().KindFor(schema.GroupVersionResource{Group: g, Version: v, Resource: res}); err == nil {
+							kinds[gvk] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	a := &auditor{kube: kube, hooks: hooks, nsLabels: map[string]map[string]string{}, frs: map[client.ObjectKey]*locksv1.FencedResource{}, requireEnforce: requireEnforce}
+	for i := range frs.Items {
+		a.frs[client.ObjectKeyFromObject(&frs.Items[i])] = &frs.Items[i]
+	}
+	seen := map[string]bool{}
+	var rows []auditRow
+	for gvk := range kinds {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		err := kube.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{fence.LabelProtected: "true"})
+		if err != nil {
+			return auditReport{}, fmt.Errorf("list protected %s objects: %w", gvk.Kind, err)
+		}
+		for i := range list.Items {
+			obj := &list.Items[i]
+			row := a.object(ctx, gvk, obj)
+			seen[row.Namespace+"/"+row.Object] = true
+			rows = append(rows, row)
+		}
+	}
+	// Targets that exist without the label, or do not exist yet.
+	for _, fr := range frs.Items {
+		t := fr.Spec.Target
+		if t == nil {
+			continue
+		}
+		name := t.Kind + "/" + t.Name
+		if seen[fr.Namespace+"/"+name] {
+			continue
+		}
+		rows = append(rows, a.unlabeledTarget(ctx, &fr))
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Namespace != rows[j].Namespace {
+			return rows[i].Namespace < rows[j].Namespace
+		}
+		return rows[i].Object < rows[j].Object
+	})
+	rep := auditReport{Objects: rows}
+	if rep.Objects == nil {
+		rep.Objects = []auditRow{}
+	}
+	for _, r := range rows {
+		rep.Gaps += len(r.Gaps)
+	}
+	return rep, nil
+}
+
+type auditor struct {
+	kube           client.Client
+	hooks          []admissionregistrationv1.ValidatingWebhook
+	frs            map[client.ObjectKey]*locksv1.FencedResource
+	nsLabels       map[string]map[string]string
+	requireEnforce bool
+}
+
+// object audits one labeled protected object.
+func (a *auditor) object(ctx context.Context, gvk schema.GroupVersionKind, obj *unstructured.Unstructured) auditRow {
+	row := auditRow{Namespace: obj.GetNamespace(), Object: gvk.Kind + "/" + obj.GetName(), APIVersion: gvk.GroupVersion().String(), Exists: true}
+	row.WebhookCovers, row.Gaps = a.covers(ctx, gvk, obj.GetNamespace(), obj.GetLabels())
+	frName := obj.GetAnnotations()[fence.AnnotationResource]
+	if frName == "" {
+		row.Gaps = append(row.Gaps, "no fencekeeper.dev/resource annotation (fix: annotate it with the FencedResource that protects it)")
+		return row
+	}
+	row.FencedResource = frName
+	fr := a.frs[client.ObjectKey{Namespace: obj.GetNamespace(), Name: frName}]
+	if fr == nil {
+		row.Gaps = append(row.Gaps, fmt.Sprintf("FencedResource %s does not exist (fix: create it with target %s)", frName, row.Object))
+		return row
+	}
+	row.Enforcement = enforcementOf(fr)
+	if t := fr.Spec.Target; t == nil || t.APIVersion != row.APIVersion || t.Kind != gvk.Kind || t.Name != obj.GetName() {
+		row.Gaps = append(row.Gaps, fmt.Sprintf("FencedResource %s does not target this object", frName))
+	}
+	if a.requireEnforce && row.Enforcement != locksv1.EnforcementEnforce {
+		row.Gaps = append(row.Gaps, "enforcement is Shadow (fix: set spec.enforcement: Enforce once the would-deny warnings are understood)")
+	}
+	return row
+}
+
+// unlabeledTarget audits a FencedResource target the label search did not find.
+func (a *auditor) unlabeledTarget(ctx context.Context, fr *locksv1.FencedResource) auditRow {
+	t := fr.Spec.Target
+	gvk := schema.FromAPIVersionAndKind(t.APIVersion, t.Kind)
+	row := auditRow{Namespace: fr.Namespace, Object: t.Kind + "/" + t.Name, APIVersion: t.APIVersion, FencedResource: fr.Name, Enforcement: enforcementOf(fr)}
+	want := map[string]string{fence.LabelProtected: "true"}
+	row.WebhookCovers, row.Gaps = a.covers(ctx, gvk, fr.Namespace, want)
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(gvk)
+	err := a.kube.Get(ctx, client.ObjectKey{Namespace: fr.Namespace, Name: t.Name}, obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		// Created later by a fenced write, which carries the label.
+	case err != nil:
+		row.Gaps = append(row.Gaps, fmt.Sprintf("cannot read the target: %v", err))
+	default:
+		row.Exists = true
+		row.Gaps = append(row.Gaps, fmt.Sprintf("exists without label %s=true: the webhook never sees its writes (fix: label it and annotate %s=%s)",
+			fence.LabelProtected, fence.AnnotationResource, fr.Name))
+	}
+	if a.requireEnforce && row.Enforcement != locksv1.EnforcementEnforce {
+		row.Gaps = append(row.Gaps, "enforcement is Shadow")
+	}
+	return row
+}
+
+// covers says whether an acceptance webhook sees CREATE, UPDATE and DELETE of
+// gvk objects with these labels in namespace ns, and fails closed.
+func (a *auditor) covers(ctx context.Context, gvk schema.GroupVersionKind, ns string, objLabels map[string]string) (bool, []string) {
+	mapping, err := a.kube.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return false, []string{fmt.Sprintf("kind %s is not served by the API server", gvk)}
+	}
+	res := mapping.Resource
+	nsLabels, err := a.namespaceLabels(ctx, ns)
+	if err != nil {
+		return false, []string{fmt.Sprintf("cannot read namespace %s: %v", ns, err)}
+	}
+	var gaps []string
+	for _, w := range a.hooks {
+		if !ruleCovers(w.Rules, res) || !selects(w.ObjectSelector, objLabels) || !selects(w.NamespaceSelector, nsLabels) {
+			continue
+		}
+		if w.FailurePolicy != nil && *w.FailurePolicy == admissionregistrationv1.Ignore {
+			gaps = append(gaps, fmt.Sprintf("webhook %s has failurePolicy Ignore: writes pass unchecked when it is down (fix: failurePolicy Fail)", w.Name))
+		}
+		return true, gaps
+	}
+	return false, []string{fmt.Sprintf("the acceptance webhook does not cover %s here (fix: add %s to the rules of vprotected.fencekeeper.dev, docs/protecting-objects.md)",
+		res.GroupResource(), res.GroupResource())}
+}
+
+func (a *auditor) namespaceLabels(ctx context.Context, ns string) (map[string]string, error) {
+	if l, ok := a.nsLabels[ns]; ok {
+		return l, nil
+	}
+	var n corev1.Namespace
+	if err := a.kube.Get(ctx, client.ObjectKey{Name: ns}, &n); err != nil {
+		return nil, err
+	}
+	a.nsLabels[ns] = n.Labels
+	return n.Labels, nil
+}
+
+func ruleCovers(rules []admissionregistrationv1.RuleWithOperations, res schema.GroupVersionResource) bool {
+	need := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
+	covered := map[admissionregistrationv1.OperationType]bool{}
+	match := func(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }
+	for _, r := range rules {
+		if !match(r.APIGroups, res.Group) || !match(r.APIVersions, res.Version) || !match(r.Resources, res.Resource) {
+			continue
+		}
+		for _, op := range r.Operations {
+			if op == admissionregistrationv1.OperationAll {
+				return true
+			}
+			covered[op] = true
+		}
+	}
+	for _, op := range need {
+		if !covered[op] {
+			return false
+		}
+	}
+	return true
+}
+
+func selects(sel *metav1.LabelSelector, l map[string]string) bool {
+	if sel == nil {
+		return true
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	return err == nil && s.Matches(labels.Set(l))
+}
+
+func enforcementOf(fr *locksv1.FencedResource) locksv1.EnforcementMode {
+	if fr.Spec.Enforcement == "" {
+		return locksv1.EnforcementShadow
+	}
+	return fr.Spec.Enforcement
+}

@@ -1,0 +1,266 @@
+package fencectl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// grantView is the JSON form of a LockGrant in command output.
+type grantView struct {
+	Name      string                 `json:"name"`
+	Resource  string                 `json:"resource"`
+	Owner     string                 `json:"owner"`
+	RequestID string                 `json:"requestID"`
+	Phase     locksv1.LockGrantPhase `json:"phase"`
+	Fence     int64                  `json:"fenceToken,omitempty"`
+	ExpiresAt *time.Time             `json:"expiresAt,omitempty"`
+	Renewals  int64                  `json:"observedRenewals,omitempty"`
+	Message   string                 `json:"message,omitempty"`
+}
+
+func viewOf(lg *locksv1.LockGrant) grantView {
+	v := grantView{Name: lg.Name, Resource: lg.Spec.Resource, Owner: lg.Spec.Owner, RequestID: lg.Spec.RequestID,
+		Phase: lg.Status.Phase, Renewals: lg.Status.ObservedRenewals}
+	if v.Phase == "" {
+		v.Phase = locksv1.PhasePending
+	}
+	if lg.Status.Grant != nil {
+		v.Fence = lg.Status.Grant.FenceToken
+	}
+	if lg.Status.ExpiresAt != nil && v.Phase == locksv1.PhaseHeld {
+		t := lg.Status.ExpiresAt.Time
+		v.ExpiresAt = &t
+	}
+	for _, c := range lg.Status.Conditions {
+		if c.Status == "True" || v.Message == "" {
+			v.Message = c.Message
+		}
+	}
+	return v
+}
+
+func (o *options) printGrant(v grantView) error {
+	if o.output == "json" {
+		return o.json(v)
+	}
+	switch v.Phase {
+	case locksv1.PhaseHeld:
+		o.printf("LockGrant %s is Held by %s: fence %d on %s, expires %s (%s).\n", v.Name, v.Owner, v.Fence, v.Resource,
+			v.ExpiresAt.Format(time.RFC3339Nano), until(*v.ExpiresAt))
+	default:
+		o.printf("LockGrant %s (%s, requestID %s) is %s.", v.Name, v.Resource, v.RequestID, v.Phase)
+		if v.Message != "" {
+			o.printf(" %s", v.Message)
+		}
+		o.printf("\n")
+	}
+	return nil
+}
+
+func (o *options) acquireCmd() *cobra.Command {
+	var opts lockclient.AcquireOptions
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "acquire FENCEDRESOURCE",
+		Short: "Request a grant and wait until the issuer hands it over",
+		Long: `acquire creates a LockGrant for the FencedResource, named from the request ID,
+and waits (watching, FIFO behind earlier requests) until it is Held.
+
+The lease runs on the issuer's clock: renew it with 'kubectl fence renew'
+before it expires, or it ends and the next waiter gets a higher fence.
+Running acquire again with the same --request-id finds the same request.`,
+		Example: `  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42`,
+		Args:    exactArgs("FENCEDRESOURCE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			lc, err := o.lockClient(ctx)
+			if err != nil {
+				return err
+			}
+			if opts.RequestID == "" {
+				opts.RequestID = lockclient.NewRequestID()
+			}
+			lock, err := lc.Acquire(ctx, args[0], opts)
+			if err != nil {
+				if errors.Is(err, context.DeadlineExceeded) {
+					return fmt.Errorf("not granted within %s: LockGrant %s is still queued; run the same command with --request-id %s to keep waiting, or 'kubectl fence release %s' to withdraw",
+						timeout, lockclient.GrantName(args[0], opts.RequestID), opts.RequestID, lockclient.GrantName(args[0], opts.RequestID))
+				}
+				return explainAPI(err, "FencedResource "+args[0])
+			}
+			// This process ends here; the grant lives on until it expires or is released.
+			lock.Close()
+			kube, err := o.kube()
+			if err != nil {
+				return err
+			}
+			var lg locksv1.LockGrant
+			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: o.ns(), Name: lock.Name()}, &lg); err != nil {
+				return err
+			}
+			if err := o.printGrant(viewOf(&lg)); err != nil {
+				return err
+			}
+			if o.output == "" {
+				o.printf("Next: kubectl fence write %s -f FILE · kubectl fence renew %s · kubectl fence release %s\n", lg.Name, lg.Name, lg.Name)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.RequestID, "request-id", "", "Idempotency key (default: random). The same key finds the same request again.")
+	f.StringVar(&opts.Lease, "lease", "", "Holder session ID (default: derived from the request ID).")
+	f.StringVar(&opts.OperationRoot, "operation-root", "", "sha256:<hex> of the planned operation (default: derived from the request ID).")
+	f.StringVar(&opts.OperationCategory, "category", "", "Operation category, when the FencedResource restricts them.")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the grant.")
+	return cmd
+}
+
+func (o *options) renewCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "renew LOCKGRANT",
+		Short: "Renew a held grant's lease (the issuer applies it only before expiry)",
+		Args:  exactArgs("LOCKGRANT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			var want int64
+			lg, err := o.updateGrant(ctx, args[0], func(lg *locksv1.LockGrant) error {
+				if lg.Status.Phase != locksv1.PhaseHeld {
+					return fmt.Errorf("LockGrant %s is %s, not Held: only a held grant can be renewed; acquire again", lg.Name, viewOf(lg).Phase)
+				}
+				lg.Spec.Renewals++
+				want = lg.Spec.Renewals
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			lg, err = o.waitGrant(ctx, lg, func(lg *locksv1.LockGrant) bool {
+				return lg.Status.Phase != locksv1.PhaseHeld || lg.Status.ObservedRenewals >= want
+			})
+			if err != nil {
+				return fmt.Errorf("renewal of %s sent but not confirmed within %s (ownership unknown): %w", args[0], timeout, err)
+			}
+			if lg.Status.Phase != locksv1.PhaseHeld {
+				_ = o.printGrant(viewOf(lg))
+				return exitError{1}
+			}
+			return o.printGrant(viewOf(lg))
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "How long to wait for the issuer to confirm.")
+	return cmd
+}
+
+func (o *options) releaseCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "release LOCKGRANT",
+		Short: "Release a grant (or withdraw a queued request); the next waiter gets fence+1",
+		Args:  exactArgs("LOCKGRANT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			lg, err := o.updateGrant(ctx, args[0], func(lg *locksv1.LockGrant) error {
+				lg.Spec.Release = true
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			lg, err = o.waitGrant(ctx, lg, func(lg *locksv1.LockGrant) bool {
+				p := lg.Status.Phase
+				return p != "" && p != locksv1.PhasePending && p != locksv1.PhaseHeld
+			})
+			if err != nil {
+				return fmt.Errorf("release of %s sent but not confirmed within %s: %w", args[0], timeout, err)
+			}
+			return o.printGrant(viewOf(lg))
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "How long to wait for the issuer to confirm.")
+	return cmd
+}
+
+// updateGrant applies mutate to the LockGrant's spec, retrying conflicts.
+func (o *options) updateGrant(ctx context.Context, name string, mutate func(*locksv1.LockGrant) error) (*locksv1.LockGrant, error) {
+	kube, err := o.kube()
+	if err != nil {
+		return nil, err
+	}
+	for {
+		lg := &locksv1.LockGrant{}
+		if err := kube.Get(ctx, client.ObjectKey{Namespace: o.ns(), Name: name}, lg); err != nil {
+			return nil, explainAPI(err, "LockGrant "+name)
+		}
+		if err := mutate(lg); err != nil {
+			return nil, err
+		}
+		err := kube.Update(ctx, lg)
+		if err == nil {
+			return lg, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return nil, explainAPI(err, "LockGrant "+name)
+		}
+	}
+}
+
+// waitGrant watches the LockGrant until done says so.
+func (o *options) waitGrant(ctx context.Context, lg *locksv1.LockGrant, done func(*locksv1.LockGrant) bool) (*locksv1.LockGrant, error) {
+	kube, err := o.kube()
+	if err != nil {
+		return nil, err
+	}
+	w, err := kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(lg.Namespace), client.MatchingFields{"metadata.name": lg.Name})
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return nil, errors.New("watch ended")
+			}
+			if got, isGrant := ev.Object.(*locksv1.LockGrant); isGrant && ev.Type != watch.Error && done(got) {
+				return got, nil
+			}
+		}
+	}
+}
+
+// explainAPI turns common API errors into what to do about them.
+func explainAPI(err error, what string) error {
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s not found in this namespace (use -n to pick the namespace; 'kubectl fence status' lists FencedResources)", what)
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("%s: %v (your user needs the lockgrant-requester role, config/rbac)", what, err)
+	}
+	return err
+}
+
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != len(names) {
+			return fmt.Errorf("%s needs %d argument(s): %v (see --help)", cmd.Name(), len(names), names)
+		}
+		return nil
+	}
+}

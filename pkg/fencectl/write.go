@@ -1,0 +1,221 @@
+package fencectl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// writeResult is the JSON form of a fenced write's outcome.
+type writeResult struct {
+	Object    string        `json:"object"`
+	Verdict   fence.Verdict `json:"verdict"`
+	Fence     int64         `json:"fence"`
+	Segment   int64         `json:"segment,omitempty"`
+	Operation string        `json:"operation"`
+	Payload   string        `json:"payload,omitempty"`
+	Receipt   string        `json:"receipt,omitempty"`
+	Message   string        `json:"message,omitempty"`
+}
+
+// nextStep says what to do after a denial.
+var nextStep = map[fence.Verdict]string{
+	fence.StaleOwner:         "your grant is no longer the holder: a newer fence wrote the object. Acquire again and redo the operation from the current object.",
+	fence.NotHeld:            "your grant is not the registry's current holder (expired, released or revoked). Acquire again.",
+	fence.PolicyStale:        "the FencedResource's policy changed after the grant was issued. Acquire again.",
+	fence.FenceRegression:    "the registry is behind the object (restored snapshot?). A platform admin raises spec.fenceFloor above the highest fence; see docs/registry.md.",
+	fence.Quarantined:        "this segment was already applied with a different payload; the attempt is recorded in the FencedResource's status for review.",
+	fence.SegmentOutOfOrder:  "segments must follow the receipt log; read it with 'kubectl fence receipts'.",
+	fence.RootMismatch:       "another operation root already wrote under this fence.",
+	fence.WrongOwner:         "the grant belongs to another user; write as its owner.",
+	fence.RevokedEpoch:       "the issuer epoch of this grant was revoked. Acquire again.",
+	fence.ReceiptLogMismatch: "the receipt log was edited by hand; write through kubectl fence or the client library.",
+}
+
+func (o *options) writeCmd() *cobra.Command {
+	var file, operation string
+	var unguarded bool
+	cmd := &cobra.Command{
+		Use:   "write LOCKGRANT -f FILE",
+		Short: "Write a protected object from a file under a held grant (one fenced segment)",
+		Long: `write replaces the business content of the LockGrant's protected object (a
+ConfigMap's data and binaryData, a custom resource's spec) with the file's,
+stamps the fence annotation and the receipt log, and sends one update.
+The acceptance webhook decides; a denial names the verdict and what to do.
+Each write is the next segment of the operation (--operation, default one
+per grant); a write the webhook already applied returns its original receipt.`,
+		Example: `  kubectl fence write invoice-batch-2026-07-19-3f2a... -f batch.yaml -n billing`,
+		Args:    exactArgs("LOCKGRANT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file == "" {
+				return errors.New("write needs -f FILE: a manifest of the protected object with its new content")
+			}
+			ctx := cmd.Context()
+			lc, err := o.lockClient(ctx)
+			if err != nil {
+				return err
+			}
+			lock, err := lc.Attach(ctx, args[0], lockclient.AcquireOptions{Unguarded: unguarded})
+			if err != nil {
+				return fmt.Errorf("cannot write under %s: %w (--unguarded sends the write anyway, for the webhook to judge)", args[0], explainAPI(err, "LockGrant "+args[0]))
+			}
+			defer lock.Close()
+			obj, content, err := o.target(ctx, lock.Resource(), file)
+			if err != nil {
+				return err
+			}
+			if operation == "" {
+				operation = "kubectl-fence/" + args[0]
+			}
+			res := writeResult{Object: obj.GetKind() + "/" + obj.GetName(), Operation: operation, Fence: lock.Fence()}
+			r, err := lock.Operation(operation).Commit(ctx, obj, func() error {
+				for _, k := range []string{"data", "binaryData", "spec"} {
+					delete(obj.Object, k)
+				}
+				for k, v := range content {
+					obj.Object[k] = v
+				}
+				return nil
+			})
+			if err == nil {
+				res.Verdict, res.Segment, res.Payload, res.Receipt = fence.Accepted, r.Segment, r.Payload, r.Receipt
+				if o.output == "json" {
+					return o.json(res)
+				}
+				o.printf("%s accepted: fence %d, segment %d of operation %s\nreceipt %s\n", res.Object, res.Fence, res.Segment, operation, res.Receipt)
+				return nil
+			}
+			d, denied := lockclient.AsDenial(err)
+			if !denied {
+				return err
+			}
+			res.Verdict, res.Message = d.Verdict, d.Message
+			if o.output == "json" {
+				_ = o.json(res)
+			} else {
+				fmt.Fprintf(o.stderr, "%s denied: %s\n", res.Object, d.Message)
+				if hint := nextStep[d.Verdict]; hint != "" {
+					fmt.Fprintf(o.stderr, "What to do: %s\n", hint)
+				}
+			}
+			return exitError{1}
+		},
+	}
+	cmd.Flags().StringVarP(&file, "filename", "f", "", "Manifest (YAML or JSON) of the protected object with its new content.")
+	cmd.Flags().BoolVar(&unguarded, "unguarded", false, "Send the write even if the grant is known to have ended, to see the acceptance webhook refuse it (testing; never for real work).")
+	cmd.Flags().StringVar(&operation, "operation", "", "Operation ID (default: one per grant); segments of one operation continue from its receipt log.")
+	return cmd
+}
+
+// target returns the protected object of the FencedResource (to be read and
+// written by the commit) and the business content of the file.
+func (o *options) target(ctx context.Context, resource, file string) (*unstructured.Unstructured, map[string]any, error) {
+	kube, err := o.kube()
+	if err != nil {
+		return nil, nil, err
+	}
+	var fr locksv1.FencedResource
+	if err := kube.Get(ctx, client.ObjectKey{Namespace: o.ns(), Name: resource}, &fr); err != nil {
+		return nil, nil, explainAPI(err, "FencedResource "+resource)
+	}
+	t := fr.Spec.Target
+	if t == nil {
+		return nil, nil, fmt.Errorf("FencedResource %s has no target: there is no protected object to write", resource)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	var in map[string]any
+	if err := yaml.Unmarshal(data, &in); err != nil {
+		return nil, nil, fmt.Errorf("%s is not a YAML or JSON manifest: %w", file, err)
+	}
+	fromFile := unstructured.Unstructured{Object: in}
+	if fromFile.GetAPIVersion() != t.APIVersion || fromFile.GetKind() != t.Kind {
+		return nil, nil, fmt.Errorf("%s is a %s %q, but FencedResource %s protects a %s %q", file, fromFile.GetAPIVersion(), fromFile.GetKind(), resource, t.APIVersion, t.Kind)
+	}
+	if n := fromFile.GetName(); n != "" && n != t.Name {
+		return nil, nil, fmt.Errorf("%s names %s %q, but FencedResource %s protects %q", file, t.Kind, n, resource, t.Name)
+	}
+	content := map[string]any{}
+	keys := []string{"spec"}
+	if t.APIVersion == "v1" && t.Kind == "ConfigMap" {
+		keys = []string{"data", "binaryData"}
+	}
+	for _, k := range keys {
+		if v, ok := in[k]; ok {
+			content[k] = v
+		}
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(schema.FromAPIVersionAndKind(t.APIVersion, t.Kind))
+	obj.SetNamespace(fr.Namespace)
+	obj.SetName(t.Name)
+	return obj, content, nil
+}
+
+func (o *options) receiptsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "receipts FENCEDRESOURCE",
+		Short: "Show the receipt log and fence state of a FencedResource's protected object",
+		Args:  exactArgs("FENCEDRESOURCE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kube, err := o.kube()
+			if err != nil {
+				return err
+			}
+			var fr locksv1.FencedResource
+			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: o.ns(), Name: args[0]}, &fr); err != nil {
+				return explainAPI(err, "FencedResource "+args[0])
+			}
+			if fr.Spec.Target == nil {
+				return fmt.Errorf("FencedResource %s has no target object", args[0])
+			}
+			t := fr.Spec.Target
+			obj := &unstructured.Unstructured{}
+			obj.SetGroupVersionKind(schema.FromAPIVersionAndKind(t.APIVersion, t.Kind))
+			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: fr.Namespace, Name: t.Name}, obj); err != nil {
+				if apierrors.IsNotFound(err) {
+					return fmt.Errorf("%s %s does not exist yet: it is created by the first fenced write", t.Kind, t.Name)
+				}
+				return err
+			}
+			ann := obj.GetAnnotations()
+			st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+			if err != nil {
+				return fmt.Errorf("%s %s carries an unreadable fence state: %w", t.Kind, t.Name, err)
+			}
+			view := struct {
+				Object        string          `json:"object"`
+				HighestFence  int64           `json:"highestFence"`
+				OperationRoot string          `json:"operationRoot,omitempty"`
+				LastSegment   int64           `json:"lastSegment"`
+				Receipts      []fence.Receipt `json:"receipts"`
+			}{t.Kind + "/" + t.Name, st.HighestFence, st.Root, st.LastSegment, st.Receipts}
+			if view.Receipts == nil {
+				view.Receipts = []fence.Receipt{}
+			}
+			if o.output == "json" {
+				return o.json(view)
+			}
+			o.printf("%s: highest fence %d, last segment %d, operation root %s\n", view.Object, st.HighestFence, st.LastSegment, st.Root)
+			tw := o.table("FENCE", "SEGMENT", "OPERATION", "PAYLOAD", "RECEIPT")
+			for _, r := range st.Receipts {
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\n", r.Fence, r.Segment, r.Operation, r.Payload, r.Receipt)
+			}
+			return tw.Flush()
+		},
+	}
+}

@@ -1,0 +1,266 @@
+package envtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/fencectl"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// fencectlResult is one run of the kubectl fence plugin.
+type fencectlResult struct {
+	code           int
+	stdout, stderr string
+}
+
+// kubectlFence runs the plugin in-process as the user of cfg.
+func kubectlFence(cfg *rest.Config, args ...string) fencectlResult {
+	var out, errOut bytes.Buffer
+	code := fencectl.Run(suiteCtx, args, &out, &errOut, cfg)
+	GinkgoWriter.Printf("$ kubectl fence %v → %d\n%s%s", args, code, out.String(), errOut.String())
+	return fencectlResult{code, out.String(), errOut.String()}
+}
+
+// json decodes the output of a run that succeeded.
+func (r fencectlResult) json(v any) {
+	GinkgoHelper()
+	Expect(r.code).To(Equal(0), r.stderr)
+	r.decode(v)
+}
+
+func (r fencectlResult) decode(v any) {
+	GinkgoHelper()
+	Expect(json.Unmarshal([]byte(r.stdout), v)).To(Succeed(), r.stdout)
+}
+
+func manifestFile(content string) string {
+	p := filepath.Join(GinkgoT().TempDir(), "object.yaml")
+	Expect(os.WriteFile(p, []byte(content), 0o600)).To(Succeed())
+	return p
+}
+
+var _ = Describe("kubectl fence", func() {
+	var ns string
+	var a, b *rest.Config
+	BeforeEach(func() {
+		ns = newNamespace()
+		a, b = testEnvUserConfig("worker-a"), testEnvUserConfig("worker-b")
+	})
+
+	It("acquires, writes, shows status and receipts, renews, hands off, refuses the stale owner and releases", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		type grantJSON struct {
+			Name, Owner string
+			Phase       locksv1.LockGrantPhase
+			FenceToken  int64
+			ExpiresAt   *time.Time
+		}
+		var ga grantJSON
+		kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "json").json(&ga)
+		Expect(ga.Phase).To(Equal(locksv1.PhaseHeld))
+		Expect(ga.Owner).To(Equal("worker-a"))
+		Expect(ga.FenceToken).To(BeEquivalentTo(1))
+		Expect(ga.Name).To(Equal(lockclient.GrantName("batch", "a1")))
+
+		// A text acquire of the same request finds the same grant.
+		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1")
+		Expect(r.code).To(Equal(0))
+		Expect(r.stdout).To(ContainSubstring("LockGrant " + ga.Name + " is Held by worker-a: fence 1"))
+
+		file := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\ndata:\n  status: settling\n")
+		var w struct {
+			Verdict fence.Verdict
+			Fence   int64
+			Segment int64
+			Receipt string
+		}
+		kubectlFence(a, "write", ga.Name, "-f", file, "-n", ns, "-o", "json").json(&w)
+		Expect(w.Verdict).To(Equal(fence.Accepted))
+		Expect([]int64{w.Fence, w.Segment}).To(Equal([]int64{1, 1}))
+		cm := &corev1.ConfigMap{}
+		Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: "batch"}, cm)).To(Succeed())
+		Expect(cm.Data).To(Equal(map[string]string{"status": "settling"}))
+
+		var rec struct {
+			Object       string
+			HighestFence int64
+			LastSegment  int64
+			Receipts     []fence.Receipt
+		}
+		kubectlFence(adminCfg, "receipts", "batch", "-n", ns, "-o", "json").json(&rec)
+		Expect(rec.Object).To(Equal("ConfigMap/batch"))
+		Expect(rec.HighestFence).To(BeEquivalentTo(1))
+		Expect(rec.Receipts).To(HaveLen(1))
+		Expect(rec.Receipts[0].Receipt).To(Equal(w.Receipt))
+
+		// Renewal is confirmed by the issuer.
+		var renewed grantJSON
+		kubectlFence(a, "renew", ga.Name, "-n", ns, "-o", "json").json(&renewed)
+		Expect(renewed.Phase).To(Equal(locksv1.PhaseHeld))
+		Expect(getGrant(ns, ga.Name).Status.ObservedRenewals).To(BeEquivalentTo(1))
+
+		// worker-b queues; status shows holder and queue.
+		bDone := make(chan fencectlResult, 1)
+		go func() {
+			defer GinkgoRecover()
+			bDone <- kubectlFence(b, "acquire", "batch", "-n", ns, "--request-id", "b1", "-o", "json")
+		}()
+		var st struct {
+			FenceToken           int64
+			HighestObservedFence int64
+			Holder               struct {
+				Owner      string
+				FenceToken int64
+			}
+			Queue      []locksv1.QueuedGrant
+			Conditions []metav1.Condition
+		}
+		Eventually(func() []locksv1.QueuedGrant {
+			kubectlFence(adminCfg, "status", "batch", "-n", ns, "-o", "json").json(&st)
+			return st.Queue
+		}, 10*time.Second, 100*time.Millisecond).Should(HaveLen(1))
+		Expect(st.Queue[0].Owner).To(Equal("worker-b"))
+		Expect(st.Holder.Owner).To(Equal("worker-a"))
+		Expect(st.Holder.FenceToken).To(BeEquivalentTo(1))
+		Expect(st.FenceToken).To(BeEquivalentTo(1))
+		Expect(st.Conditions).NotTo(BeEmpty())
+		text := kubectlFence(adminCfg, "status", "-n", ns)
+		Expect(text.stdout).To(ContainSubstring("holder        worker-a with fence 1"))
+		Expect(text.stdout).To(ContainSubstring("1. worker-b"))
+
+		// The issuer expires worker-a; worker-b gets fence 2 and writes.
+		primary.step(11 * time.Second)
+		var gb grantJSON
+		(<-bDone).json(&gb)
+		Expect(gb.FenceToken).To(BeEquivalentTo(2))
+		fileB := manifestFile(`{"apiVersion":"v1","kind":"ConfigMap","data":{"status":"settled by b"}}`)
+		Expect(kubectlFence(b, "write", gb.Name, "-f", fileB, "-n", ns).code).To(Equal(0))
+
+		// worker-a: the client refuses (its grant ended); unguarded, the webhook refuses.
+		r = kubectlFence(a, "write", ga.Name, "-f", file, "-n", ns)
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("grant expired"))
+		r = kubectlFence(a, "write", ga.Name, "-f", file, "-n", ns, "--unguarded")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("denied: STALE_OWNER"))
+		Expect(r.stderr).To(ContainSubstring("What to do: your grant is no longer the holder"))
+		Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: "batch"}, cm)).To(Succeed())
+		Expect(cm.Data).To(Equal(map[string]string{"status": "settled by b"}))
+
+		// An expired grant cannot be renewed.
+		r = kubectlFence(a, "renew", ga.Name, "-n", ns)
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("is Expired, not Held"))
+
+		var released grantJSON
+		kubectlFence(b, "release", gb.Name, "-n", ns, "-o", "json").json(&released)
+		Expect(released.Phase).To(Equal(locksv1.PhaseReleased))
+	})
+
+	It("writes a custom resource's spec", func() {
+		batch := newTarget(protectedKinds[1], ns, "cr-batch", locksv1.EnforcementEnforce)
+		lg := held(ns, "cr-batch", "worker-a", "cr1")
+		file := manifestFile("apiVersion: billing.example.com/v1\nkind: InvoiceBatch\nmetadata:\n  name: cr-batch\nspec:\n  result: from kubectl\n")
+		for seg := 1; seg <= 2; seg++ {
+			r := kubectlFence(a, "write", lg.Name, "-n", ns, "-f", file)
+			Expect(r.code).To(Equal(0), r.stderr)
+			Expect(r.stdout).To(ContainSubstring(fmt.Sprintf("InvoiceBatch/cr-batch accepted: fence 1, segment %d", seg)))
+		}
+		Expect(batch.content()).To(Equal("from kubectl"))
+	})
+
+	It("explains bad input", func() {
+		r := kubectlFence(a, "acquire", "no-such-resource", "-n", ns, "--timeout", "5s")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("no-such-resource"))
+		r = kubectlFence(a, "status", "nope", "-n", ns)
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("FencedResource nope not found"))
+		r = kubectlFence(a, "status", "-n", ns, "-o", "yaml")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring(`unknown output format "yaml"`))
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		lg := held(ns, "batch", "worker-a", "x1")
+		r = kubectlFence(a, "write", lg.Name, "-n", ns)
+		Expect(r.stderr).To(ContainSubstring("write needs -f FILE"))
+		wrongKind := manifestFile("apiVersion: v1\nkind: Secret\nmetadata:\n  name: batch\n")
+		r = kubectlFence(a, "write", lg.Name, "-n", ns, "-f", wrongKind)
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring(`is a v1 "Secret", but FencedResource batch protects a v1 "ConfigMap"`))
+		r = kubectlFence(b, "write", lg.Name, "-n", ns, "-f", wrongKind)
+		Expect(r.stderr).To(ContainSubstring(`belongs to "worker-a", not to "worker-b"`))
+	})
+
+	It("audits protected objects and exits 1 on a gap", func() {
+		covered := newTarget(protectedKinds[0], ns, "covered", locksv1.EnforcementEnforce)
+		Expect(covered.write(held(ns, "covered", "worker-a", "c1"), 1, "v1")).To(Succeed())
+		newTarget(protectedKinds[0], ns, "not-yet", locksv1.EnforcementShadow)
+
+		type auditJSON struct {
+			Objects []struct {
+				Object         string
+				FencedResource string
+				Enforcement    locksv1.EnforcementMode
+				WebhookCovers  bool
+				Exists         bool
+				Gaps           []string
+			}
+			Gaps int
+		}
+		var rep auditJSON
+		kubectlFence(adminCfg, "audit", "-n", ns, "-o", "json").json(&rep)
+		Expect(rep.Gaps).To(BeZero())
+		Expect(rep.Objects).To(HaveLen(2))
+		Expect(rep.Objects[0].Object).To(Equal("ConfigMap/covered"))
+		Expect(rep.Objects[0].Exists && rep.Objects[0].WebhookCovers).To(BeTrue())
+		Expect(rep.Objects[0].Enforcement).To(Equal(locksv1.EnforcementEnforce))
+		Expect(rep.Objects[1].Object).To(Equal("ConfigMap/not-yet"))
+		Expect(rep.Objects[1].Exists).To(BeFalse())
+
+		// Shadow is a gap only on request.
+		r := kubectlFence(adminCfg, "audit", "-n", ns, "--require-enforce")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stdout).To(ContainSubstring("enforcement is Shadow"))
+
+		// A target created without the label is invisible to the webhook: a gap.
+		Expect(admin.Create(suiteCtx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "not-yet"}})).To(Succeed())
+		r = kubectlFence(adminCfg, "audit", "-n", ns)
+		Expect(r.code).To(Equal(1))
+		Expect(r.stdout).To(MatchRegexp(`ConfigMap/not-yet\s+not-yet\s+Shadow\s+yes\s+GAP: exists without label fencekeeper.dev/protected=true`))
+		Expect(r.stderr).To(ContainSubstring("audit found 1 gap(s)"))
+
+		// A labeled object where the webhook does not look (the operator's own
+		// namespace is excluded by the namespaceSelector), naming no FencedResource.
+		hidden := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: opNamespace, Name: "audit-hidden-" + ns,
+			Labels: map[string]string{fence.LabelProtected: "true"}}}
+		Expect(admin.Create(suiteCtx, hidden)).To(Succeed())
+		DeferCleanup(func() { _ = admin.Delete(suiteCtx, hidden) })
+		r = kubectlFence(adminCfg, "audit", "-n", opNamespace, "-o", "json")
+		Expect(r.code).To(Equal(1))
+		rep = auditJSON{}
+		r.decode(&rep)
+		var gaps []string
+		for _, o := range rep.Objects {
+			if o.Object == "ConfigMap/"+hidden.Name {
+				gaps = o.Gaps
+			}
+		}
+		Expect(gaps).To(ContainElements(
+			ContainSubstring("the acceptance webhook does not cover configmaps here"),
+			ContainSubstring("no fencekeeper.dev/resource annotation")))
+	})
+})
