@@ -14,9 +14,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -46,10 +51,10 @@ type Issuer struct {
 	clock     clock.Clock
 	log       logr.Logger
 
-	ready  chan struct{}
-	resync chan event.GenericEvent
+	ready chan struct{}
 
 	mu         sync.RWMutex
+	resyncs    []chan event.GenericEvent // one per controller that follows ResyncAll
 	signer     *grant.Signer
 	bundle     *grant.TrustBundle
 	epoch      int64
@@ -60,7 +65,7 @@ type Issuer struct {
 func NewIssuer(c client.Client, reader client.Reader, namespace string, clk clock.Clock, log logr.Logger) *Issuer {
 	return &Issuer{
 		client: c, reader: reader, namespace: namespace, clock: clk, log: log,
-		ready: make(chan struct{}), resync: make(chan event.GenericEvent, 1),
+		ready: make(chan struct{}),
 	}
 }
 
@@ -139,13 +144,39 @@ func (i *Issuer) setBundle(b *grant.TrustBundle) bool {
 	return changed
 }
 
-// ResyncAll asks the issuing controller to reconcile every FencedResource now,
-// e.g. after the revocation epoch changed or, in tests, after a clock step.
+// ResyncAll asks the controllers that judge by the issuer's clock to reconcile
+// every FencedResource now, e.g. after the revocation epoch changed or, in
+// tests, after a clock step.
 func (i *Issuer) ResyncAll() {
-	select {
-	case i.resync <- event.GenericEvent{Object: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "resync"}}}:
-	default: // one pending resync covers this one too
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	for _, ch := range i.resyncs {
+		select {
+		case ch <- event.GenericEvent{Object: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "resync"}}}:
+		default: // one pending resync covers this one too
+		}
 	}
+}
+
+// resyncSource is a watch source for a controller that follows ResyncAll:
+// every FencedResource (listed through c) is enqueued.
+func (i *Issuer) resyncSource(c client.Reader) source.TypedSource[reconcile.Request] {
+	ch := make(chan event.GenericEvent, 1)
+	i.mu.Lock()
+	i.resyncs = append(i.resyncs, ch)
+	i.mu.Unlock()
+	return source.Channel(ch, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list locksv1.FencedResourceList
+		if err := c.List(ctx, &list); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "list FencedResources for a resync")
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(list.Items))
+		for _, fr := range list.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&fr)})
+		}
+		return reqs
+	}))
 }
 
 func (i *Issuer) key(name string) types.NamespacedName {

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
@@ -63,23 +62,11 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	toResource := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
 	})
-	allResources := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		var list locksv1.FencedResourceList
-		if err := r.List(ctx, &list); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "list FencedResources for a resync")
-			return nil
-		}
-		reqs := make([]reconcile.Request, 0, len(list.Items))
-		for _, fr := range list.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&fr)})
-		}
-		return reqs
-	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(&locksv1.FencedResource{}).
 		Watches(&locksv1.LockGrant{}, toResource).
-		WatchesRawSource(source.Channel(r.Issuer.resync, allResources)).
+		WatchesRawSource(r.Issuer.resyncSource(r.Client)).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
 			o.MaxConcurrentReconciles = max(r.MaxConcurrentReconciles, 1)

@@ -23,9 +23,13 @@ var (
 	queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencekeeper_grant_queue_depth", Help: "LockGrants waiting in a FencedResource's FIFO queue."},
 		[]string{"namespace", "fencedresource"})
+	overdueMutations = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fencekeeper_unresolved_mutations_overdue",
+		Help: "Writes whose outcome stayed unknown past the reconciliation deadline (15 min), by FencedResource."},
+		[]string{"namespace", "fencedresource"})
 )
 
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
-		registryWrites, casConflicts, queueDepth)
+		registryWrites, casConflicts, queueDepth, overdueMutations)
 }

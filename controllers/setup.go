@@ -62,6 +62,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return nil, err
 	}
+	if err := (&UnresolvedMutationReconciler{
+		Client: mgr.GetClient(), Issuer: issuer, Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("unresolved-mutations"),
+	}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
 	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Issuer: issuer, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}

@@ -35,6 +35,11 @@ const (
 	ReasonNoHolder         = "NoHolder"
 	ReasonRegressionFound  = "RegistryBehindTarget"
 	ReasonFloorAboveTarget = "FenceFloorAboveTarget"
+	// ReasonUnresolvedMutation: a LockGrant records a write whose outcome stayed
+	// unknown past UnresolvedMutationDeadline.
+	ReasonUnresolvedMutation = "UnresolvedMutation"
+	// ReasonNoUnresolvedMutation: no overdue unknown outcome remains.
+	ReasonNoUnresolvedMutation = "NoUnresolvedMutation"
 )
 
 // ObjectTarget names the in-cluster object, in the FencedResource's namespace, that the entry protects.

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -34,6 +36,31 @@ func (p LockGrantPhase) Terminal() bool {
 
 // GrantFinalizer lets the issuer release a held grant before its LockGrant disappears.
 const GrantFinalizer = "locks.fencekeeper.dev/release"
+
+// AnnotationUnresolvedMutation marks, on the LockGrant, a fenced write whose
+// outcome the worker could not determine from the receipt log (JSON
+// UnresolvedMutation). The operator surfaces records older than
+// UnresolvedMutationDeadline as the FencedResource's ReconciliationRequired
+// condition; whoever reconciles the object removes the annotation.
+const AnnotationUnresolvedMutation = "fencekeeper.dev/unresolved-mutation"
+
+// UnresolvedMutationDeadline is how long an UNKNOWN outcome may stay
+// unresolved before it needs a human (the source design's release gate).
+const UnresolvedMutationDeadline = 15 * time.Minute
+
+// UnresolvedMutation is the AnnotationUnresolvedMutation record.
+// +kubebuilder:object:generate=false
+type UnresolvedMutation struct {
+	// object is Kind/name of the protected object.
+	Object string `json:"object"`
+	// operation, fence, segment and payload identify the write.
+	Operation string `json:"operation"`
+	Fence     int64  `json:"fence"`
+	Segment   int64  `json:"segment"`
+	Payload   string `json:"payload"`
+	// since is when the worker gave up resolving it (the worker's clock).
+	Since time.Time `json:"since"`
+}
 
 // Condition types and reasons of a LockGrant.
 const (

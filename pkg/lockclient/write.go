@@ -17,21 +17,6 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
-// AnnotationUnresolved marks, on the LockGrant, a write whose outcome the
-// client could not determine; the operator surfaces old ones as
-// ReconciliationRequired.
-const AnnotationUnresolved = "fencekeeper.dev/unresolved-mutation"
-
-// Unresolved is the AnnotationUnresolved record.
-type Unresolved struct {
-	Object    string    `json:"object"`
-	Operation string    `json:"operation"`
-	Fence     int64     `json:"fence"`
-	Segment   int64     `json:"segment"`
-	Payload   string    `json:"payload"`
-	Since     time.Time `json:"since"`
-}
-
 // Operation commits the segments of one planned operation under a lock.
 type Operation struct {
 	lock *Lock
@@ -201,7 +186,7 @@ func provenAbsent(st fence.State, want fence.Receipt) bool {
 
 func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) {
 	l := op.lock
-	rec, _ := json.Marshal(Unresolved{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
+	rec, _ := json.Marshal(locksv1.UnresolvedMutation{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
 		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()})
 	for attempt := 0; attempt < 3; attempt++ {
 		var lg locksv1.LockGrant
@@ -211,10 +196,10 @@ func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, wa
 		if lg.Annotations == nil {
 			lg.Annotations = map[string]string{}
 		}
-		if _, exists := lg.Annotations[AnnotationUnresolved]; exists {
+		if _, exists := lg.Annotations[locksv1.AnnotationUnresolvedMutation]; exists {
 			return // the oldest unresolved outcome is the one that matters
 		}
-		lg.Annotations[AnnotationUnresolved] = string(rec)
+		lg.Annotations[locksv1.AnnotationUnresolvedMutation] = string(rec)
 		if err := l.c.kube.Update(ctx, &lg); !apierrors.IsConflict(err) {
 			return
 		}

@@ -2,6 +2,7 @@ package envtest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	. "github.com/onsi/gomega/gstruct"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -31,6 +33,7 @@ type fault struct {
 	// dropResponse: the request reaches the server, its response is lost.
 	dropResponse bool
 	times        int // how many requests it hits; <0 = until healed
+	skip         int // matching requests let through before it hits
 	delay        time.Duration
 }
 
@@ -52,6 +55,10 @@ func (f *faults) match(req *http.Request) *fault {
 	defer f.mu.Unlock()
 	for _, r := range f.rules {
 		if r.times != 0 && req.Method == r.method && strings.Contains(req.URL.Path, r.path) && !strings.Contains(req.URL.RawQuery, "watch=true") {
+			if r.skip > 0 {
+				r.skip--
+				return nil
+			}
 			if r.times > 0 {
 				r.times--
 			}
@@ -216,6 +223,49 @@ var _ = Describe("the worker client", func() {
 		Expect(applied[0].Receipt).To(Equal(r1.Receipt))
 		Expect(applied[1].Receipt).To(Equal(r2.Receipt))
 		Expect(t.content()).To(Equal("part 2"))
+	})
+
+	It("records a write whose outcome cannot be determined, and the operator surfaces it after 15 minutes", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		op := l.Operation("settle-2026-07-19")
+		cm := configMapNamed(ns, "batch")
+		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 1"))
+		Expect(err).NotTo(HaveOccurred())
+		// Segment 2 lands but its answer is lost, and the object cannot be read
+		// back (after the commit's own read): the outcome is undeterminable.
+		f.add(&fault{method: http.MethodPut, path: "/configmaps/", dropResponse: true, times: 1})
+		f.add(&fault{method: http.MethodGet, path: "/configmaps/", skip: 1, times: -1})
+		_, err = op.Commit(suiteCtx, cm, setData(cm, "part 2"))
+		Expect(err).To(MatchError(lockclient.ErrMutationUnknown))
+		f.heal()
+		var rec locksv1.UnresolvedMutation
+		Expect(json.Unmarshal([]byte(getGrant(ns, l.Name()).Annotations[locksv1.AnnotationUnresolvedMutation]), &rec)).To(Succeed())
+		Expect(rec).To(MatchFields(IgnoreExtras, Fields{"Object": Equal("ConfigMap/batch"), "Operation": Equal("settle-2026-07-19"),
+			"Fence": BeEquivalentTo(1), "Segment": BeEquivalentTo(2)}))
+
+		reconciliation := func() *metav1.Condition {
+			return findCondition(getFR(ns, "batch"), locksv1.ConditionReconciliationRequired)
+		}
+		primary.step(time.Minute)
+		Consistently(reconciliation, 500*time.Millisecond, 50*time.Millisecond).Should(BeNil(), "not overdue yet")
+
+		primary.step(15 * time.Minute)
+		Eventually(reconciliation, 10*time.Second, 50*time.Millisecond).Should(PointTo(MatchFields(IgnoreExtras, Fields{
+			"Status": Equal(metav1.ConditionTrue), "Reason": Equal(locksv1.ReasonUnresolvedMutation),
+			"Message": ContainSubstring("ConfigMap/batch operation settle-2026-07-19 segment 2 under fence 1")})))
+		Eventually(func() []string { return eventReasons(ns, "batch") }).Should(ContainElement(locksv1.ConditionReconciliationRequired))
+		Expect(gaugeValue("fencekeeper_unresolved_mutations_overdue", ns, "batch")).To(Equal(1.0))
+
+		// Someone checked the object and removed the record.
+		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: objectMeta(ns, l.Name())}, func(lg *locksv1.LockGrant) {
+			delete(lg.Annotations, locksv1.AnnotationUnresolvedMutation)
+		})).To(Succeed())
+		Eventually(reconciliation, 10*time.Second, 50*time.Millisecond).Should(PointTo(MatchFields(IgnoreExtras, Fields{
+			"Status": Equal(metav1.ConditionFalse), "Reason": Equal(locksv1.ReasonNoUnresolvedMutation)})))
+		Eventually(func() []string { return eventReasons(ns, "batch") }).Should(ContainElement(locksv1.ReasonNoUnresolvedMutation))
+		Expect(gaugeValue("fencekeeper_unresolved_mutations_overdue", ns, "batch")).To(BeZero())
 	})
 
 	It("resumes a segmented operation after a crash, and maps delayed duplicates and conflicting payloads", func() {

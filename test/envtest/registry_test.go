@@ -354,6 +354,27 @@ func testEnvUserConfig(name string) *rest.Config {
 	return u.Config()
 }
 
+// gaugeValue reads one labeled gauge from the controller-runtime registry.
+func gaugeValue(name, namespace, resource string) float64 {
+	families, err := metrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.Metric {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] == namespace && labels["fencedresource"] == resource {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
 // metricValue reads a counter from the controller-runtime registry.
 func metricValue(name string) float64 {
 	families, err := metrics.Registry.Gather()

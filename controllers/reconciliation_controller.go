@@ -1,0 +1,146 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// UnresolvedMutationReconciler surfaces writes whose outcome a worker could not
+// determine (LockGrant annotation fencekeeper.dev/unresolved-mutation): once
+// one is older than the deadline, the FencedResource gets
+// ReconciliationRequired=True, an Event and the overdue gauge; when the
+// annotations are removed, the condition goes back to False.
+type UnresolvedMutationReconciler struct {
+	client.Client
+	// Issuer's clock judges age; its ResyncAll makes this controller look again.
+	Issuer   *Issuer
+	Recorder events.EventRecorder
+	// Name distinguishes several instances in one process (tests only).
+	Name string
+}
+
+// SetupWithManager registers the controller; it uses the LockGrant index the
+// grant issuer registers.
+func (r *UnresolvedMutationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	name := r.Name
+	if name == "" {
+		name = "unresolved-mutations"
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(name).
+		For(&locksv1.FencedResource{}).
+		Watches(&locksv1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			if _, ok := o.GetAnnotations()[locksv1.AnnotationUnresolvedMutation]; !ok {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
+		})).
+		WatchesRawSource(r.Issuer.resyncSource(r.Client)).
+		WithOptions(controllerOptions(r.Name != "")).
+		Complete(r)
+}
+
+// Reconcile sets the FencedResource's ReconciliationRequired condition.
+func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var fr locksv1.FencedResource
+	if err := r.Get(ctx, req.NamespacedName, &fr); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	var list locksv1.LockGrantList
+	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{grantResourceIndex: fr.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	s := summarizeUnresolved(list.Items, r.Issuer.clock.Now())
+	overdueMutations.WithLabelValues(fr.Namespace, fr.Name).Set(float64(len(s.overdue)))
+	was := meta.IsStatusConditionTrue(fr.Status.Conditions, locksv1.ConditionReconciliationRequired)
+	now := len(s.overdue) > 0
+	result := ctrl.Result{RequeueAfter: s.nextDue}
+	if !now && meta.FindStatusCondition(fr.Status.Conditions, locksv1.ConditionReconciliationRequired) == nil {
+		return result, nil // nothing was ever overdue here: no condition to keep
+	}
+	cond := metav1.Condition{Type: locksv1.ConditionReconciliationRequired, Status: metav1.ConditionFalse, ObservedGeneration: fr.Generation,
+		Reason: locksv1.ReasonNoUnresolvedMutation, Message: "no write outcome is unknown past the deadline"}
+	if now {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, locksv1.ReasonUnresolvedMutation, s.message()
+	}
+	if !meta.SetStatusCondition(&fr.Status.Conditions, cond) {
+		return result, nil
+	}
+	// The resourceVersion read is the precondition: the issuer's status
+	// writes and this one never overwrite each other.
+	if err := r.Status().Update(ctx, &fr); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	switch {
+	case now && !was:
+		r.Recorder.Eventf(&fr, nil, "Warning", locksv1.ConditionReconciliationRequired, "ReconciliationRequired", "%s", s.message())
+	case !now && was:
+		r.Recorder.Eventf(&fr, nil, "Normal", locksv1.ReasonNoUnresolvedMutation, "Reconciled", "every overdue unknown write outcome was resolved")
+	}
+	return result, nil
+}
+
+// unresolvedSummary is what the LockGrants of one resource record.
+type unresolvedSummary struct {
+	overdue []string // "LockGrant g: Kind/name operation o segment s under fence f, unknown since t"
+	// nextDue is when the next record becomes overdue (0 when none is pending).
+	nextDue time.Duration
+}
+
+func (s unresolvedSummary) message() string {
+	return fmt.Sprintf("%d write outcome(s) unknown for more than %s: %s. Check the object, then remove annotation %s from the LockGrant",
+		len(s.overdue), locksv1.UnresolvedMutationDeadline, strings.Join(s.overdue, "; "), locksv1.AnnotationUnresolvedMutation)
+}
+
+// summarizeUnresolved sorts the grants' records into overdue ones and the time
+// until the next becomes overdue. A record the operator cannot read is
+// overdue at once: nobody can resolve what nobody can read. A timestamp in
+// the future (a worker's clock ahead of the issuer's) counts from now.
+func summarizeUnresolved(grants []locksv1.LockGrant, now time.Time) unresolvedSummary {
+	var s unresolvedSummary
+	for _, lg := range grants {
+		raw, ok := lg.Annotations[locksv1.AnnotationUnresolvedMutation]
+		if !ok {
+			continue
+		}
+		var u locksv1.UnresolvedMutation
+		if err := json.Unmarshal([]byte(raw), &u); err != nil {
+			s.overdue = append(s.overdue, fmt.Sprintf("LockGrant %s: unreadable record (%v)", lg.Name, err))
+			continue
+		}
+		since := u.Since
+		if since.After(now) {
+			since = now
+		}
+		due := since.Add(locksv1.UnresolvedMutationDeadline)
+		if now.Before(due) {
+			if wait := due.Sub(now); s.nextDue == 0 || wait < s.nextDue {
+				s.nextDue = wait
+			}
+			continue
+		}
+		s.overdue = append(s.overdue, fmt.Sprintf("LockGrant %s: %s operation %s segment %d under fence %d, unknown since %s",
+			lg.Name, u.Object, u.Operation, u.Segment, u.Fence, u.Since.UTC().Format(time.RFC3339)))
+	}
+	sort.Strings(s.overdue)
+	return s
+}
