@@ -5,7 +5,12 @@
 // It is shaped like etcd's client/v3/concurrency: a Client makes Locks (a
 // session with a server-side TTL and a Done channel); a Lock's Guard says
 // whether new effects may start; an Operation commits the segments of one
-// planned operation, each revalidated by the webhook.
+// planned operation, each revalidated by the webhook. A restarted worker
+// finds its grant again with Client.Attach and resumes its operation from the
+// object's receipt log.
+//
+// The examples run against the embedded control plane (pkg/localcp) with the
+// operator, so they are tests as well as documentation.
 //
 // The lock's state follows DESIGN.md: REQUESTED → HELD → RENEWING → HELD;
 // an uncertain renewal or query result is OWNERSHIP_UNKNOWN (start no new

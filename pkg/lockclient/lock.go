@@ -65,6 +65,7 @@ type Lock struct {
 	view    *locksv1.LockGrant // the LockGrant as last confirmed by the API server
 	pending int64              // spec.renewals written, not yet observed by the issuer
 	err     error              // why the lock ended
+	closed  bool               // Close was called: nobody follows the grant any more
 	done    chan struct{}
 	cancel  context.CancelFunc
 }
@@ -417,6 +418,9 @@ func (l *Lock) Guard() error {
 	defer l.mu.Unlock()
 	switch l.state {
 	case StateHeld, StateRenewing:
+		if l.closed && !l.opts.Unguarded {
+			return ErrOwnershipUnknown
+		}
 		return nil
 	case StateOwnershipUnknown:
 		return ErrOwnershipUnknown
@@ -443,11 +447,16 @@ func (l *Lock) Fence() int64 {
 func (l *Lock) Name() string     { return l.key.Name }
 func (l *Lock) Resource() string { return l.resource }
 
-// Close stops renewing without releasing (the lease then expires on its own).
+// Close stops renewing and following the grant without releasing it (the
+// lease then expires on its own). From then on the lock cannot tell whether
+// it is still held, so Guard answers ErrOwnershipUnknown.
 func (l *Lock) Close() {
 	if l.cancel != nil {
 		l.cancel()
 	}
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
 }
 
 func (l *Lock) ended() bool {

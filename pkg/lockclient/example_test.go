@@ -1,0 +1,171 @@
+package lockclient_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+	"github.com/fencekeeper/fencekeeper/pkg/operator"
+)
+
+// cfg is the worker's connection to the API server; in a real worker it is
+// ctrl.GetConfigOrDie() or rest.InClusterConfig(). TestMain points it at the
+// embedded control plane (with the operator running), so the examples run.
+var cfg *rest.Config
+
+// Example claims a FencedResource, writes its protected ConfigMap in two
+// fenced segments of one operation, and releases the claim.
+func Example() {
+	ctx := context.Background()
+	c, err := lockclient.NewForConfig(ctx, cfg, "billing")
+	if err != nil {
+		panic(err)
+	}
+	lock, err := c.Acquire(ctx, "invoice-batch", lockclient.AcquireOptions{RequestID: "nightly-2026-07-19"})
+	if err != nil {
+		panic(err)
+	}
+	defer lock.Close()
+	fmt.Println("held with fence", lock.Fence())
+
+	op := lock.Operation("settle-2026-07-19")
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "invoice-batch"}}
+	for _, part := range []string{"0001-0100", "0101-0200"} {
+		receipt, err := op.Commit(ctx, cm, func() error {
+			if cm.Data == nil {
+				cm.Data = map[string]string{}
+			}
+			cm.Data[part] = "settled"
+			return nil
+		})
+		if err != nil {
+			panic(err) // errors.Is(err, lockclient.ErrStaleOwner), ErrOwnershipUnknown, …
+		}
+		fmt.Printf("segment %d accepted under fence %d\n", receipt.Segment, receipt.Fence)
+	}
+	if err := lock.Release(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println(lock.State())
+	// Output:
+	// held with fence 1
+	// segment 1 accepted under fence 1
+	// segment 2 accepted under fence 1
+	// RELEASED
+}
+
+// ExampleClient_Attach resumes after a crash: the restarted worker finds its
+// held grant by name, and the operation continues from the receipt log.
+func ExampleClient_Attach() {
+	ctx := context.Background()
+	c, _ := lockclient.NewForConfig(ctx, cfg, "billing")
+	first, err := c.Acquire(ctx, "report", lockclient.AcquireOptions{RequestID: "report-42"})
+	if err != nil {
+		panic(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "report"}}
+	setPage := func(page string) func() error {
+		return func() error { cm.Data = map[string]string{"page": page}; return nil }
+	}
+	if _, err := first.Operation("render-report-42").Commit(ctx, cm, setPage("1")); err != nil {
+		panic(err)
+	}
+	first.Close() // the worker crashes here; its grant is still held
+
+	restarted, _ := lockclient.NewForConfig(ctx, cfg, "billing")
+	lock, err := restarted.Attach(ctx, lockclient.GrantName("report", "report-42"), lockclient.AcquireOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer lock.Close()
+	receipt, err := lock.Operation("render-report-42").Commit(ctx, cm, setPage("2"))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("fence %d resumed at segment %d\n", receipt.Fence, receipt.Segment)
+	// Output:
+	// fence 1 resumed at segment 2
+}
+
+// ExampleLock_Guard shows the guard after the issuer expired a lease that was
+// not renewed: the lock is EXPIRED, Done is closed, and no new effect may start.
+func ExampleLock_Guard() {
+	ctx := context.Background()
+	c, _ := lockclient.NewForConfig(ctx, cfg, "billing")
+	// "short-lease" has a 1 s lease; this worker renews far too rarely.
+	lock, err := c.Acquire(ctx, "short-lease", lockclient.AcquireOptions{RenewInterval: time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	defer lock.Close()
+	fmt.Println(lock.State(), lock.Guard())
+	<-lock.Done()
+	fmt.Println(lock.State(), errors.Is(lock.Guard(), lockclient.ErrExpired))
+	// Output:
+	// HELD <nil>
+	// EXPIRED true
+}
+
+// TestMain runs the examples against the embedded control plane with the
+// operator: a worker user, namespace billing, and the FencedResources they claim.
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(logr.Discard())
+	ctx := context.Background()
+	cp, err := localcp.Start(ctx, localcp.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "examples need the embedded control plane:", err)
+		os.Exit(1)
+	}
+	code := func() int {
+		op, err := cp.RunOperator(ctx, operator.Options{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer op.Stop()
+		if err := setUpExamples(ctx, cp); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	_ = cp.Stop()
+	os.Exit(code)
+}
+
+func setUpExamples(ctx context.Context, cp *localcp.ControlPlane) error {
+	admin, err := cp.AdminClient()
+	if err != nil {
+		return err
+	}
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "billing"}}); err != nil {
+		return err
+	}
+	for name, lease := range map[string]int32{"invoice-batch": 30, "report": 30, "short-lease": 1} {
+		fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: name}, Spec: locksv1.FencedResourceSpec{
+			ResourceID: "billing/" + name, LeaseDurationSeconds: lease, Enforcement: locksv1.EnforcementEnforce,
+			Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: name},
+		}}
+		if err := admin.Create(ctx, fr); err != nil {
+			return err
+		}
+	}
+	worker, err := cp.AddUser("system:serviceaccount:billing:worker-7", localcp.WorkersGroup)
+	if err != nil {
+		return err
+	}
+	cfg = worker.Config()
+	return nil
+}
