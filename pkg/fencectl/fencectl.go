@@ -72,8 +72,14 @@ owner's write is refused with STALE_OWNER.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if o.output != "" && o.output != "json" {
-				return fmt.Errorf("unknown output format %q: use -o json, or leave -o out for text", o.output)
+			grantCmd := cmd.Name() == "acquire" || cmd.Name() == "renew" || cmd.Name() == "release"
+			switch {
+			case o.output == "" || o.output == "json":
+			case o.output == "name" && grantCmd:
+			case o.output == "name":
+				return fmt.Errorf("-o name prints a LockGrant name: only acquire, renew and release have one (use -o json)")
+			default:
+				return fmt.Errorf("unknown output format %q: use -o json, -o name (acquire, renew, release), or leave -o out for text", o.output)
 			}
 			return nil
 		},
@@ -84,7 +90,7 @@ owner's write is refused with STALE_OWNER.`,
 	f.StringVar(&o.loading.ExplicitPath, "kubeconfig", "", "Path to the kubeconfig file.")
 	f.StringVar(&o.overrides.CurrentContext, "context", "", "The kubeconfig context to use.")
 	f.StringVarP(&o.namespace, "namespace", "n", "", "Namespace of the FencedResources and LockGrants (default: the context's).")
-	f.StringVarP(&o.output, "output", "o", "", "Output format: json (default: text).")
+	f.StringVarP(&o.output, "output", "o", "", "Output format: json, or name (the LockGrant name: acquire, renew, release); default text.")
 	o.kubeconfig = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(o.loading, &o.overrides)
 	root.AddCommand(o.acquireCmd(), o.renewCmd(), o.releaseCmd(), o.statusCmd(), o.writeCmd(), o.receiptsCmd(), o.auditCmd())
 	return root

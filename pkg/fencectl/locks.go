@@ -50,8 +50,12 @@ func viewOf(lg *locksv1.LockGrant) grantView {
 }
 
 func (o *options) printGrant(v grantView) error {
-	if o.output == "json" {
+	switch o.output {
+	case "json":
 		return o.json(v)
+	case "name":
+		o.printf("%s\n", v.Name)
+		return nil
 	}
 	switch v.Phase {
 	case locksv1.PhaseHeld:

@@ -146,6 +146,9 @@ func (o *options) target(ctx context.Context, resource, file string) (*unstructu
 	if fromFile.GetAPIVersion() != t.APIVersion || fromFile.GetKind() != t.Kind {
 		return nil, nil, fmt.Errorf("%s is a %s %q, but FencedResource %s protects a %s %q", file, fromFile.GetAPIVersion(), fromFile.GetKind(), resource, t.APIVersion, t.Kind)
 	}
+	if n := fromFile.GetNamespace(); n != "" && n != fr.Namespace {
+		return nil, nil, fmt.Errorf("%s is in namespace %q, but the grant and FencedResource %s are in %q (use -n)", file, n, resource, fr.Namespace)
+	}
 	if n := fromFile.GetName(); n != "" && n != t.Name {
 		return nil, nil, fmt.Errorf("%s names %s %q, but FencedResource %s protects %q", file, t.Kind, n, resource, t.Name)
 	}

@@ -111,15 +111,22 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 	o.RequestID, o.Lease, o.OperationRoot, o.OperationCategory = lg.Spec.RequestID, lg.Spec.Lease, lg.Spec.OperationRoot, lg.Spec.OperationCategory
 	l := &Lock{c: c, key: client.ObjectKeyFromObject(&lg), resource: lg.Spec.Resource, opts: o, state: StateRequested,
 		pending: lg.Spec.Renewals, done: make(chan struct{})}
-	done, err := acquired(&lg)
-	switch {
-	case o.Unguarded && lg.Status.Grant != nil:
-		l.view, l.state = &lg, StateHeld // no keeper: nothing is renewed
-		return l, nil
-	case !done:
+	switch lg.Status.Phase {
+	case locksv1.PhaseHeld:
+	case locksv1.PhaseExpired, locksv1.PhaseRevoked, locksv1.PhaseReleased, locksv1.PhaseDenied:
+		if o.Unguarded && lg.Status.Grant != nil {
+			l.view, l.state = &lg, StateHeld // no keeper: nothing is renewed
+			return l, nil
+		}
+		sentinel := ErrExpired
+		if lg.Status.Phase == locksv1.PhaseReleased {
+			sentinel = ErrReleased
+		} else if lg.Status.Phase == locksv1.PhaseDenied {
+			sentinel = ErrDenied
+		}
+		return nil, fmt.Errorf("%w: LockGrant %s is %s: %s", sentinel, name, lg.Status.Phase, conditionMessage(&lg))
+	default:
 		return nil, fmt.Errorf("%w: LockGrant %s is %s, not Held yet", ErrOwnershipUnknown, name, phaseOrPending(&lg))
-	case err != nil:
-		return nil, err
 	}
 	l.hold(ctx, &lg)
 	return l, nil

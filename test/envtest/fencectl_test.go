@@ -76,10 +76,11 @@ var _ = Describe("kubectl fence", func() {
 		Expect(ga.FenceToken).To(BeEquivalentTo(1))
 		Expect(ga.Name).To(Equal(lockclient.GrantName("batch", "a1")))
 
-		// A text acquire of the same request finds the same grant.
+		// Acquiring the same request again finds the same grant.
 		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1")
 		Expect(r.code).To(Equal(0))
 		Expect(r.stdout).To(ContainSubstring("LockGrant " + ga.Name + " is Held by worker-a: fence 1"))
+		Expect(kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "name").stdout).To(Equal(ga.Name + "\n"))
 
 		file := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\ndata:\n  status: settling\n")
 		var w struct {
@@ -153,7 +154,7 @@ var _ = Describe("kubectl fence", func() {
 		// worker-a: the client refuses (its grant ended); unguarded, the webhook refuses.
 		r = kubectlFence(a, "write", ga.Name, "-f", file, "-n", ns)
 		Expect(r.code).To(Equal(1))
-		Expect(r.stderr).To(ContainSubstring("grant expired"))
+		Expect(r.stderr).To(ContainSubstring("grant expired: LockGrant " + ga.Name + " is Expired"))
 		r = kubectlFence(a, "write", ga.Name, "-f", file, "-n", ns, "--unguarded")
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring("denied: STALE_OWNER"))
@@ -193,6 +194,9 @@ var _ = Describe("kubectl fence", func() {
 		r = kubectlFence(a, "status", "-n", ns, "-o", "yaml")
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring(`unknown output format "yaml"`))
+		r = kubectlFence(a, "status", "-n", ns, "-o", "name")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("only acquire, renew and release"))
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		lg := held(ns, "batch", "worker-a", "x1")
 		r = kubectlFence(a, "write", lg.Name, "-n", ns)
@@ -201,6 +205,9 @@ var _ = Describe("kubectl fence", func() {
 		r = kubectlFence(a, "write", lg.Name, "-n", ns, "-f", wrongKind)
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring(`is a v1 "Secret", but FencedResource batch protects a v1 "ConfigMap"`))
+		otherNamespace := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\n  namespace: elsewhere\n")
+		r = kubectlFence(a, "write", lg.Name, "-n", ns, "-f", otherNamespace)
+		Expect(r.stderr).To(ContainSubstring(`is in namespace "elsewhere"`))
 		r = kubectlFence(b, "write", lg.Name, "-n", ns, "-f", wrongKind)
 		Expect(r.stderr).To(ContainSubstring(`belongs to "worker-a", not to "worker-b"`))
 	})
