@@ -188,7 +188,11 @@ func planGrants(in planInput) (planOutput, error) {
 				fmt.Sprintf("grant with fence %d for %s ended: %s", h.FenceToken, h.Owner, strings.ToLower(string(phase)))})
 		} else if lg.Spec.Renewals > h.ObservedRenewals {
 			// A renewal counts only if the issuer sees it before expiresAt (checked above).
-			h.ExpiresAt = metav1.NewMicroTime(in.now.Add(lease))
+			// It never shortens the lease: after the issuer's clock jumped back,
+			// the holder keeps the later expiry, and expiresAt stays monotonic.
+			if renewed := in.now.Add(lease); renewed.After(h.ExpiresAt.Time) {
+				h.ExpiresAt = metav1.NewMicroTime(renewed)
+			}
 			h.ObservedRenewals = lg.Spec.Renewals
 		}
 	}

@@ -226,6 +226,9 @@ var _ = Describe("the worker client", func() {
 	})
 
 	It("records a write whose outcome cannot be determined, and the operator surfaces it after 15 minutes", func() {
+		// The record is stamped with the worker's clock; other specs jump the
+		// issuer's clock, so line it up with real time first.
+		issuerClock.SetTime(time.Now())
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		c, f := faultyWorker(ns, "worker-a")
 		l := acquire(c, "batch", "job-1", &stateLog{})

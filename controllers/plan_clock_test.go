@@ -1,0 +1,39 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// After the issuer's clock jumps back, a renewal must not shorten the lease:
+// expiresAt stays monotonic, so the LockGrant status (which refuses to move
+// expiry backwards) still confirms the renewal to the holder.
+func TestPlanRenewalAfterBackwardClockJump(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("a", 0)}
+	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	issued := f.Status.Holder.ExpiresAt.Time // t0 + 10s
+
+	in.now = t0.Add(-time.Hour)
+	grants[0].Spec.Renewals = 1
+	apply(t, in)
+	if !f.Status.Holder.ExpiresAt.Time.Equal(issued) {
+		t.Errorf("expiresAt %v after a renewal under a clock an hour back, want it kept at %v", f.Status.Holder.ExpiresAt.Time, issued)
+	}
+	if grants[0].Status.ObservedRenewals != 1 || f.Status.Holder.ObservedRenewals != 1 {
+		t.Errorf("renewal not confirmed: LockGrant %d, holder %d", grants[0].Status.ObservedRenewals, f.Status.Holder.ObservedRenewals)
+	}
+	if grants[0].Status.Phase != locksv1.PhaseHeld {
+		t.Errorf("phase %s", grants[0].Status.Phase)
+	}
+	// Back to normal time, a renewal extends from now again.
+	in.now = t0.Add(5 * time.Second)
+	grants[0].Spec.Renewals = 2
+	apply(t, in)
+	if want := t0.Add(15 * time.Second); !f.Status.Holder.ExpiresAt.Time.Equal(want) || grants[0].Status.ObservedRenewals != 2 {
+		t.Errorf("expiresAt %v, observed %d; want %v, 2", f.Status.Holder.ExpiresAt.Time, grants[0].Status.ObservedRenewals, want)
+	}
+}
