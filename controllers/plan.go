@@ -456,3 +456,53 @@ func setCondition(conds *[]metav1.Condition, gen int64, typ string, ok bool, rea
 		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen,
 	})
 }
+
+// PlanInput is the exported form of one issuing decision's inputs. It exists
+// so that the deterministic simulator (test/sim) drives this planner, not a
+// copy of its rules, against an in-memory registry.
+type PlanInput struct {
+	FencedResource *locksv1.FencedResource
+	Grants         []locksv1.LockGrant // every LockGrant whose spec.resource names the FencedResource
+	HolderDeleted  bool
+	Now            time.Time
+	Epoch          int64
+	TakeoverAt     time.Time
+	RevokedBelow   int64
+	Signer         *grant.Signer
+}
+
+// PlanResult is what the reconciler writes after one plan: the registry
+// status (one compare-and-swap), then the LockGrant statuses in order.
+type PlanResult struct {
+	Status          locksv1.FencedResourceStatus
+	StatusChanged   bool
+	GrantStatus     []GrantStatusUpdate
+	AddFinalizer    []string
+	RemoveFinalizer []string
+	IssuedTo        string
+	Superseded      bool
+	RequeueAfter    time.Duration
+}
+
+// GrantStatusUpdate is the new status of the LockGrant named Name.
+type GrantStatusUpdate struct {
+	Name   string
+	Status locksv1.LockGrantStatus
+}
+
+// Plan runs the planner on in. It is pure: in is not modified.
+func Plan(in PlanInput) (PlanResult, error) {
+	out, err := planGrants(planInput{
+		fr: in.FencedResource, grants: in.Grants, holderDeleted: in.HolderDeleted, now: in.Now,
+		epoch: in.Epoch, takeoverAt: in.TakeoverAt, revokedBelow: in.RevokedBelow, signer: in.Signer,
+	})
+	if err != nil {
+		return PlanResult{}, err
+	}
+	res := PlanResult{Status: out.status, StatusChanged: out.statusChanged, AddFinalizer: out.addFinalizer,
+		RemoveFinalizer: out.removeFinalizer, IssuedTo: out.issuedTo, Superseded: out.superseded, RequeueAfter: out.requeueAfter}
+	for _, c := range out.grantStatus {
+		res.GrantStatus = append(res.GrantStatus, GrantStatusUpdate{Name: c.name, Status: c.status})
+	}
+	return res, nil
+}
