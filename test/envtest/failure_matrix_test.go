@@ -262,9 +262,10 @@ func (s *schedule) holder() *locksv1.LockGrant {
 
 func (s *schedule) requestAndMaybeHold() {
 	owner := scheduleWorkers[s.rng.IntN(len(scheduleWorkers))]
+	free := s.holder() == nil // read before the request: the issuer serves it at once
 	lg := request(s.ns, s.name, owner, fmt.Sprintf("%s-r%d", s.name, len(s.grants)))
 	s.grants = append(s.grants, lg)
-	if len(s.grants) == 1 || s.holder() == nil {
+	if free {
 		waitPhase(lg, locksv1.PhaseHeld)
 		return
 	}

@@ -66,6 +66,9 @@ func TestEnvtest(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	// Decisions are quick, but a takeover or a revocation touches every
+	// FencedResource the suite has made so far: wait up to 10 s, not 1 s.
+	SetDefaultEventuallyTimeout(10 * time.Second)
 	suiteCtx, cancelAll = context.WithCancel(context.Background())
 
 	root, err := localcp.RepoRoot()
