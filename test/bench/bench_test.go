@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestQuickBench runs `make bench`'s program in -quick mode against the
+// embedded control plane: it proves the bench completes and reports a figure
+// for every section and target. It asserts no timing thresholds — on shared
+// CI machines those are noise; the full run judges the targets.
+func TestQuickBench(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; skipped with -short")
+	}
+	out := filepath.Join(t.TempDir(), "results.json")
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := Main([]string{"-quick", "-out", out}, &stdout, &stderr)
+	t.Logf("quick bench took %s\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
+	if code != 0 {
+		t.Fatalf("bench exited %d: %s", code, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("results are not the report's JSON: %v", err)
+	}
+	positive := func(what string, v float64) {
+		t.Helper()
+		if !(v > 0) {
+			t.Errorf("%s: got %v, want a measured figure", what, v)
+		}
+	}
+	if rep.Handoff == nil || rep.Expiry == nil || rep.Throughput == nil || rep.Webhook == nil || rep.Micro == nil || rep.Scale == nil {
+		t.Fatalf("a section is missing: %s", raw)
+	}
+	positive("fencekeeper handoff p99", rep.Handoff.Fencekeeper.P99)
+	positive("raw handoff p99", rep.Handoff.Raw.P99)
+	positive("leaderelection handoff p50", rep.Handoff.LeaderElection.P50)
+	positive("expiry handoff p50", rep.Expiry.Fencekeeper.P50)
+	for _, r := range rep.Throughput.Runs {
+		positive(r.Name+" cycles/s", r.PerSecond)
+		positive(r.Name+" API writes/cycle", r.WritesPerCycle)
+	}
+	for _, r := range rep.Webhook.Rates {
+		positive("protected update p99", r.Protected.P99)
+		positive("unprotected update p99", r.Unprotected.P99)
+	}
+	for _, b := range rep.Micro.Benchmarks {
+		positive(b.Name, b.NsPerOp)
+	}
+	for _, s := range rep.Scale.Sizes {
+		positive("operator RSS", s.OperatorRSSMiB)
+		positive("scale handoff p99", s.Handoff.P99)
+	}
+	if len(rep.Targets) != 7 {
+		t.Errorf("%d targets judged, want 7 (handoff, expiry, throughput, webhook at one rate, scale ×3)", len(rep.Targets))
+	}
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"crypto/rand"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+type microResult struct {
+	Benchmarks []microBench `json:"benchmarks"`
+}
+
+type microBench struct {
+	Name        string  `json:"name"`
+	NsPerOp     float64 `json:"ns_per_op"`
+	AllocsPerOp float64 `json:"allocs_per_op"`
+	BytesPerOp  float64 `json:"bytes_per_op"`
+}
+
+// microFixture is a realistic acceptance input: a signed grant at fence 7,
+// an object that already accepted 32 segments of it (a full receipt log),
+// and the next segment's fenced write.
+type microFixture struct {
+	bundle  *grant.TrustBundle
+	g       grant.Grant
+	digest  string
+	proof   string
+	stored  fence.State
+	attempt fence.Attempt
+	reg     fence.Registry
+	data    map[string]any
+	fenceA  string
+	rcptA   string
+}
+
+func newMicroFixture() (*microFixture, error) {
+	signer, err := grant.GenerateSigner(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	g := grant.Grant{Schema: grant.Schema, Resource: "billing/invoice-batch-2026-07-19", Owner: "system:serviceaccount:billing:worker-7",
+		RequestID: "3f2a9c0d1e4b5a6978c0d1e2", Lease: "lease-3f2a9c0d1e4b5a6978c0d1e2",
+		OperationRoot: "sha256:" + strings.Repeat("ab", 32), FenceToken: 7, BackendRevision: "123456", PolicyGeneration: 1,
+		IssuerEpoch: 3, TTLSeconds: 10, IssuedAt: now.UTC().Format(time.RFC3339Nano)}
+	digest, proof, err := signer.Sign(g)
+	if err != nil {
+		return nil, err
+	}
+	f := &microFixture{bundle: grant.NewTrustBundle(0, signer), g: g, digest: digest, proof: proof,
+		data: map[string]any{"data": map[string]any{"seq": "33", "payload": strings.Repeat("x", 512)}}}
+	// 32 accepted segments: the stored annotations.
+	ann := map[string]string{}
+	for seg := int64(1); seg <= 32; seg++ {
+		payload, _ := fence.PayloadDigest(map[string]any{"data": map[string]any{"seq": fmt.Sprint(seg)}})
+		if _, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: "settle", Segment: seg, Payload: payload}); err != nil {
+			return nil, err
+		}
+	}
+	f.fenceA, f.rcptA = ann[fence.AnnotationFence], ann[fence.AnnotationReceipts]
+	if f.stored, err = fence.StateOf(f.fenceA, f.rcptA); err != nil {
+		return nil, err
+	}
+	payload, err := fence.PayloadDigest(f.data)
+	if err != nil {
+		return nil, err
+	}
+	next := fence.Envelope{Grant: g, Proof: proof, Operation: "settle", Segment: 33, Payload: payload}
+	f.attempt = fence.Attempt{User: g.Owner, Changed: true, Fence: next.Encode(), Payload: payload}
+	f.reg = fence.Registry{Found: true, ResourceID: g.Resource, Generation: 1, Now: now,
+		Holder: &fence.Holder{Digest: digest, Owner: g.Owner, Lease: g.Lease, RequestID: g.RequestID, Fence: 7, ExpiresAt: now.Add(time.Hour)}}
+	if d := fence.Decide(f.stored, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
+		return nil, fmt.Errorf("fixture is not accepted: %s", d.Message)
+	}
+	return f, nil
+}
+
+// micro runs the floor of the acceptance point as Go benchmarks: what the
+// webhook computes per protected update, without any I/O.
+func (r *report) micro() error {
+	f, err := newMicroFixture()
+	if err != nil {
+		return err
+	}
+	benches := []struct {
+		name string
+		fn   func(b *testing.B)
+	}{
+		{"grant verification (TrustBundle.Verify: canonical digest + Ed25519)", func(b *testing.B) {
+			for b.Loop() {
+				if err := f.bundle.Verify(f.g, f.g.Digest(), f.proof); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"fence.StateOf (parse stored fence + 32-receipt log)", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := fence.StateOf(f.fenceA, f.rcptA); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"fence.PayloadDigest (ConfigMap content)", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := fence.PayloadDigest(f.data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"fence.Decide (accepting path, includes one Verify)", func(b *testing.B) {
+			for b.Loop() {
+				if d := fence.Decide(f.stored, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
+					b.Fatal(d.Message)
+				}
+			}
+		}},
+		{"webhook floor: StateOf + Verify(stored) + PayloadDigest + Decide", func(b *testing.B) {
+			for b.Loop() {
+				st, _ := fence.StateOf(f.fenceA, f.rcptA)
+				e, _ := fence.ParseEnvelope(st.Accepted)
+				if err := f.bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof); err != nil {
+					b.Fatal(err)
+				}
+				_, _ = fence.PayloadDigest(f.data)
+				if d := fence.Decide(st, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
+					b.Fatal(d.Message)
+				}
+			}
+		}},
+	}
+	m := &microResult{}
+	for _, bench := range benches {
+		res := testing.Benchmark(bench.fn)
+		if res.N == 0 {
+			return fmt.Errorf("benchmark %q failed", bench.name)
+		}
+		m.Benchmarks = append(m.Benchmarks, microBench{Name: bench.name, NsPerOp: float64(res.NsPerOp()),
+			AllocsPerOp: float64(res.AllocsPerOp()), BytesPerOp: float64(res.AllocedBytesPerOp())})
+	}
+	r.Micro = m
+	return nil
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+)
+
+type handoffResult struct {
+	Fencekeeper dist `json:"fencekeeper"`
+	Raw         dist `json:"raw_lease_cas_watch"`
+	// RegistryWatch: the same operator with a prototype client that follows
+	// the FencedResource and releases with one PATCH (a proposed lockclient
+	// change; reported, not judged).
+	RegistryWatch  dist   `json:"prototype_registry_watch_client"`
+	LeaderElection dist   `json:"leaderelection_release_on_cancel"`
+	LERetryPeriod  string `json:"leaderelection_retry_period"`
+	// FirstTenthP99 and LastTenthP99: p99 of the first and last tenth of the
+	// fencekeeper samples (history of released LockGrants grows in between).
+	FirstTenthP99 float64 `json:"fencekeeper_first_tenth_p99_ms"`
+	LastTenthP99  float64 `json:"fencekeeper_last_tenth_p99_ms"`
+	P99Ratio      float64 `json:"p99_ratio_fencekeeper_over_raw"`
+	// Stages: p50 and p99 (ms after the Release call) of each step of the
+	// fencekeeper handoff, as the bench's own watches saw it.
+	Stages []stage `json:"fencekeeper_stages"`
+}
+
+type stage struct {
+	Name string  `json:"name"`
+	P50  float64 `json:"p50_ms"`
+	P99  float64 `json:"p99_ms"`
+}
+
+func stagesOf(s *handoffStages) []stage {
+	mk := func(name string, ds []time.Duration) stage {
+		var ok []time.Duration
+		for _, d := range ds {
+			if d >= 0 {
+				ok = append(ok, d)
+			}
+		}
+		x := summarize(ok)
+		return stage{name, x.P50, x.P99}
+	}
+	return []stage{
+		mk("release request answered (GET + PUT spec.release, LockGrant webhook)", s.ReleaseAnswered),
+		mk("registry CAS visible (FencedResource fence+1)", s.RegistryCAS),
+		mk("old holder's LockGrant Released visible", s.HolderReleased),
+		mk("waiter's LockGrant Held visible", s.WaiterHeld),
+		mk("waiter's Acquire returned", s.WaiterReturned),
+	}
+}
+
+func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer) error {
+	const ns = "bench-handoff"
+	if err := e.namespace(ctx, ns); err != nil {
+		return err
+	}
+	h := &handoffResult{LERetryPeriod: cfg.leRetry.String()}
+	r.Handoff = h
+	// Interleave the two mechanisms in blocks so that machine load drifts
+	// affect both alike.
+	const blocks = 4
+	var fk, raw, proto []time.Duration
+	stages := &handoffStages{}
+	for b := 0; b < blocks; b++ {
+		n := cfg.handoffs / blocks
+		if b == blocks-1 {
+			n = cfg.handoffs - n*(blocks-1)
+		}
+		warm := 0
+		if b == 0 {
+			warm = cfg.warmup
+		}
+		s, err := e.rawHandoffs(ctx, ns, fmt.Sprintf("raw-%d", b), warm, n)
+		if err != nil {
+			return fmt.Errorf("raw handoffs: %w", err)
+		}
+		raw = append(raw, s...)
+		s, err = e.releaseHandoffs(ctx, ns, fmt.Sprintf("handoff-%d", b), warm, n, stages)
+		if err != nil {
+			return fmt.Errorf("fencekeeper handoffs: %w", err)
+		}
+		fk = append(fk, s...)
+		s, err = e.registryWatchHandoffs(ctx, ns, fmt.Sprintf("proto-%d", b), warm, n)
+		if err != nil {
+			return fmt.Errorf("prototype handoffs: %w", err)
+		}
+		proto = append(proto, s...)
+		fmt.Fprintf(log, "   block %d/%d: fencekeeper p99 %.2f ms, prototype client p99 %.2f ms, raw p99 %.2f ms\n", b+1, blocks,
+			summarize(fk).P99, summarize(proto).P99, summarize(raw).P99)
+	}
+	h.Fencekeeper, h.Raw, h.RegistryWatch = summarize(fk), summarize(raw), summarize(proto)
+	tenth := max(1, len(fk)/10)
+	h.FirstTenthP99 = summarize(fk[:tenth]).P99
+	h.LastTenthP99 = summarize(fk[len(fk)-tenth:]).P99
+	h.P99Ratio = ratio(h.Fencekeeper.P99, h.Raw.P99)
+	h.Stages = stagesOf(stages)
+	le, err := e.leaderElectionHandoffs(ctx, ns, min(5, cfg.warmup), cfg.leHandoffs, cfg.leRetry)
+	if err != nil {
+		return fmt.Errorf("leaderelection handoffs: %w", err)
+	}
+	h.LeaderElection = summarize(le)
+	r.judge("release handoff p99", "fencekeeper p99 ≤ 2× raw CAS+watch p99", h.P99Ratio, 2, "×",
+		fmt.Sprintf("fencekeeper p99 %s ms vs raw %s ms over %d handoffs each", fmtF(h.Fencekeeper.P99), fmtF(h.Raw.P99), h.Fencekeeper.N))
+	return nil
+}
+
+type expiryResult struct {
+	Fencekeeper dist `json:"fencekeeper"`
+}
+
+func (r *report) expiry(ctx context.Context, e *env, cfg *config) error {
+	const ns = "bench-expiry"
+	if err := e.namespace(ctx, ns); err != nil {
+		return err
+	}
+	s, err := e.expiryHandoffs(ctx, ns, cfg.expiryPar, cfg.expiries)
+	if err != nil {
+		return err
+	}
+	r.Expiry = &expiryResult{Fencekeeper: summarize(s)}
+	r.judge("expiry handoff p99", "p99 from expiresAt to waiter HELD ≤ 100 ms", r.Expiry.Fencekeeper.P99, 100, "ms",
+		fmt.Sprintf("%d expiries of 1 s leases", r.Expiry.Fencekeeper.N))
+	return nil
+}
+
+func sortStrings(s []string) { sort.Strings(s) }

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"testing"
+	"time"
+)
+
+// startProfiles captures CPU profiles while one phase runs: kube-apiserver's
+// (its /debug/pprof/profile, through the admin client), etcd's (its
+// /debug/pprof when enabled, otherwise skipped) and, with -in-process, this
+// process's (operator + bench clients, told apart by package). The returned
+// function stops them and writes the files.
+func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log io.Writer) func() {
+	if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
+		fmt.Fprintf(log, "   profiles: %v\n", err)
+		return func() {}
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	start := time.Now()
+	done := make(chan struct{})
+	// The API server's profile endpoint needs its duration up front: take
+	// consecutive 10 s profiles until the phase ends, then merge with go tool pprof.
+	go func() {
+		defer close(done)
+		for i := 0; pctx.Err() == nil; i++ {
+			raw, err := e.adminC.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(pctx)
+			if err != nil {
+				if pctx.Err() == nil {
+					fmt.Fprintf(log, "   kube-apiserver profile: %v\n", err)
+				}
+				return
+			}
+			path := filepath.Join(cfg.profileDir, fmt.Sprintf("%s-kube-apiserver-%02d.pprof", phase, i))
+			_ = os.WriteFile(path, raw, 0o644)
+		}
+	}()
+	var self *os.File
+	if cfg.inProcess && cfg.cpuProfile == "" {
+		f, err := os.Create(filepath.Join(cfg.profileDir, phase+"-bench-and-operator.pprof"))
+		if err == nil && pprof.StartCPUProfile(f) == nil {
+			self = f
+		}
+	}
+	return func() {
+		if self != nil {
+			pprof.StopCPUProfile()
+			self.Close()
+		}
+		// Let the API server's current window finish so its profile covers the phase's end.
+		if rest := 10*time.Second - time.Since(start)%(10*time.Second); rest > 0 && rest < 10*time.Second {
+			time.Sleep(rest + 500*time.Millisecond)
+		}
+		cancel()
+		<-done
+		fmt.Fprintf(log, "   profiles of %s in %s (merge: go tool pprof -top %s)\n", phase, cfg.profileDir,
+			filepath.Join(cfg.profileDir, phase+"-kube-apiserver-*.pprof"))
+	}
+}
+
+// benchTime shortens testing.Benchmark's run time (quick mode).
+func benchTime(d time.Duration) {
+	testing.Init()
+	_ = flag.Set("test.benchtime", d.String())
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// report is everything one run measured; it is printed as a table and
+// written as JSON.
+type report struct {
+	Env        envInfo           `json:"environment"`
+	Config     map[string]any    `json:"config"`
+	Durations  map[string]string `json:"phase_durations"`
+	Micro      *microResult      `json:"microbenchmarks,omitempty"`
+	Handoff    *handoffResult    `json:"release_handoff,omitempty"`
+	Expiry     *expiryResult     `json:"expiry_handoff,omitempty"`
+	Throughput *throughputResult `json:"throughput,omitempty"`
+	Webhook    *webhookResult    `json:"webhook_overhead,omitempty"`
+	Scale      *scaleResult      `json:"scale,omitempty"`
+	Targets    []target          `json:"targets"`
+}
+
+type envInfo struct {
+	Start      time.Time `json:"start"`
+	RunTime    string    `json:"run_time"`
+	Command    string    `json:"command"`
+	Go         string    `json:"go"`
+	CPUs       int       `json:"cpus"`
+	LoadBefore string    `json:"uptime_before"`
+	LoadAfter  string    `json:"uptime_after"`
+	Commit     string    `json:"commit"`
+	Operator   string    `json:"operator"`
+	Quick      bool      `json:"quick"`
+}
+
+// target is one of issue 6's targets, judged on figures of this run.
+type target struct {
+	Name     string  `json:"name"`
+	Rule     string  `json:"rule"`
+	Measured float64 `json:"measured"`
+	Limit    float64 `json:"limit"`
+	Unit     string  `json:"unit"`
+	Pass     bool    `json:"pass"`
+	Detail   string  `json:"detail"`
+}
+
+func newReport(cfg *config) *report {
+	r := &report{Durations: map[string]string{}}
+	r.Env = envInfo{Start: time.Now().UTC(), Command: strings.Join(os.Args, " "), Go: runtime.Version(), CPUs: runtime.NumCPU(),
+		LoadBefore: uptime(), Commit: gitCommit(), Quick: cfg.quick}
+	r.Config = map[string]any{
+		"warmup": cfg.warmup, "handoffs": cfg.handoffs, "le_handoffs": cfg.leHandoffs, "le_retry_period": cfg.leRetry.String(),
+		"expiries": cfg.expiries, "expiry_parallel": cfg.expiryPar, "throughput_duration": cfg.tputDuration.String(),
+		"throughput_warmup": cfg.tputWarmup.String(), "clients": cfg.clients, "contended_resources": cfg.contendedOn,
+		"rates": cfg.rates, "webhook_samples": cfg.webhookSamples, "scale": cfg.scaleSizes, "scale_handoffs": cfg.scaleHandoffs,
+		"scale_webhook_samples": cfg.scaleWebhook, "max_concurrent_reconciles": cfg.maxReconciles, "in_process": cfg.inProcess,
+	}
+	return r
+}
+
+func (r *report) finish(start time.Time) {
+	r.Env.RunTime = time.Since(start).Round(time.Second).String()
+	r.Env.LoadAfter = uptime()
+}
+
+func (r *report) judge(name, rule string, measured, limit float64, unit, detail string) {
+	r.Targets = append(r.Targets, target{Name: name, Rule: rule, Measured: measured, Limit: limit, Unit: unit,
+		Pass: !math.IsNaN(measured) && measured <= limit, Detail: detail})
+}
+
+func (r *report) allPass() bool {
+	for _, t := range r.Targets {
+		if !t.Pass {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *report) write(path string) (string, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// print writes the table.
+func (r *report) print(out io.Writer) {
+	fmt.Fprintf(out, "\nfencekeeper bench — %s, %d CPUs, %s, commit %s\n", r.Env.Start.Format(time.RFC3339), r.Env.CPUs, r.Env.Go, r.Env.Commit)
+	fmt.Fprintf(out, "command: %s\nrun time: %s\nload before: %s\nload after:  %s\noperator: %s\n",
+		r.Env.Command, r.Env.RunTime, r.Env.LoadBefore, r.Env.LoadAfter, r.Env.Operator)
+	if r.Env.Quick {
+		fmt.Fprintln(out, "QUICK MODE: samples far too small to judge; the figures only prove the bench runs.")
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	row := func(cells ...any) {
+		for i, c := range cells {
+			if i > 0 {
+				fmt.Fprint(tw, "\t")
+			}
+			switch v := c.(type) {
+			case float64:
+				fmt.Fprint(tw, fmtF(v))
+			default:
+				fmt.Fprint(tw, v)
+			}
+		}
+		fmt.Fprintln(tw, "\t")
+	}
+	section := func(title string) {
+		tw.Flush()
+		fmt.Fprintf(out, "\n%s\n", title)
+	}
+	distRow := func(name string, d dist) { row(name, d.N, d.P50, d.P90, d.P99, d.Max) }
+	if m := r.Micro; m != nil {
+		section("Acceptance floor (Go microbenchmarks, one core)")
+		row("function", "ns/op", "allocs/op", "B/op")
+		for _, b := range m.Benchmarks {
+			row(b.Name, b.NsPerOp, b.AllocsPerOp, b.BytesPerOp)
+		}
+	}
+	if h := r.Handoff; h != nil {
+		section("1. Release handoff: holder releases → waiter HELD with fence+1 (ms)")
+		row("mechanism", "n", "p50", "p90", "p99", "max")
+		distRow("fencekeeper (lockclient)", h.Fencekeeper)
+		distRow("raw Lease CAS + watch", h.Raw)
+		distRow("prototype client: watch registry, PATCH release*", h.RegistryWatch)
+		distRow(fmt.Sprintf("leaderelection ReleaseOnCancel (retry %s)", h.LERetryPeriod), h.LeaderElection)
+		row("fencekeeper first 10% / last 10% p99", "", "", "", fmt.Sprintf("%s / %s", fmtF(h.FirstTenthP99), fmtF(h.LastTenthP99)), "")
+		tw.Flush()
+		fmt.Fprintln(out, "  * same operator, a client following the FencedResource status instead of the LockGrant mirror (proposed lockclient change; not judged)")
+		section("   where a fencekeeper handoff's time goes (ms after Release was called)")
+		row("step", "p50", "p99")
+		for _, s := range h.Stages {
+			row(s.Name, s.P50, s.P99)
+		}
+	}
+	if x := r.Expiry; x != nil {
+		section("2. Expiry handoff: expiresAt (issuer clock) → waiter HELD (ms)")
+		row("mechanism", "n", "p50", "p90", "p99", "max")
+		distRow("fencekeeper, 1 s leases", x.Fencekeeper)
+	}
+	if t := r.Throughput; t != nil {
+		section(fmt.Sprintf("3. Throughput: closed-loop acquire→release, %d clients, %s windows", t.Clients, t.Window))
+		row("run", "resources", "cycles", "cycles/s", "cycle p50 ms", "cycle p99 ms", "API writes/cycle", "client writes/cycle", "CAS conflicts")
+		for _, x := range t.Runs {
+			row(x.Name, x.Resources, x.Cycles, x.PerSecond, x.Cycle.P50, x.Cycle.P99, x.WritesPerCycle, x.ClientWritesPerCycle, x.Conflicts)
+		}
+		tw.Flush()
+		for _, x := range t.Runs {
+			if len(x.WriteBreakdown) > 0 {
+				fmt.Fprintf(out, "  %s — API writes/cycle by resource: %s\n", x.Name, breakdown(x.WriteBreakdown))
+			}
+		}
+	}
+	if w := r.Webhook; w != nil {
+		section("4. Webhook overhead: ConfigMap update latency, interleaved (ms)")
+		row("rate/s", "kind", "n", "p50", "p90", "p99", "max", "p99 ratio")
+		for _, x := range w.Rates {
+			row(x.Rate, "unprotected", x.Unprotected.N, x.Unprotected.P50, x.Unprotected.P90, x.Unprotected.P99, x.Unprotected.Max, "")
+			row(x.Rate, "protected (fenced)", x.Protected.N, x.Protected.P50, x.Protected.P90, x.Protected.P99, x.Protected.Max, x.P99Ratio)
+		}
+		tw.Flush()
+		fmt.Fprintf(out, "webhook handler (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
+		fmt.Fprintf(out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
+	}
+	if s := r.Scale; s != nil {
+		section("5. Scale: FencedResources with active grants")
+		row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver RSS MiB", "etcd RSS MiB", "handoff p50", "handoff p99", "protected p99", "unprotected p99", "FR create p50")
+		for _, x := range s.Sizes {
+			row(x.Resources, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
+				x.Handoff.P50, x.Handoff.P99, x.Protected.P99, x.Unprotected.P99, x.CreateWithTarget.P50)
+		}
+		tw.Flush()
+		fmt.Fprintf(out, "memory: %s\n", s.MemorySource)
+	}
+	section("Targets (issue 6)")
+	row("target", "rule", "measured", "limit", "result")
+	for _, t := range r.Targets {
+		res := "PASS"
+		if !t.Pass {
+			res = "FAIL"
+		}
+		row(t.Name, t.Rule, fmtF(t.Measured)+" "+t.Unit, fmtF(t.Limit)+" "+t.Unit, res)
+	}
+	tw.Flush()
+	for _, t := range r.Targets {
+		if t.Detail != "" {
+			fmt.Fprintf(out, "  %s: %s\n", t.Name, t.Detail)
+		}
+	}
+}
+
+func breakdown(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sortStrings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s", k, fmtF(m[k])))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func fmtF(v float64) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return "n/a"
+	case v == math.Trunc(v) && math.Abs(v) < 1e9:
+		return fmt.Sprintf("%.0f", v)
+	case math.Abs(v) >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case math.Abs(v) >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func uptime() string {
+	out, err := exec.Command("uptime").Output()
+	if err != nil {
+		b, _ := os.ReadFile("/proc/loadavg")
+		return strings.TrimSpace(string(b))
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if err := exec.Command("git", "diff", "--quiet", "HEAD", "--", "api", "controllers", "webhooks", "pkg", "cmd").Run(); err != nil {
+		c += "+uncommitted changes in api/controllers/webhooks/pkg/cmd"
+	}
+	return c
+}

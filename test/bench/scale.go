@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+type scaleResult struct {
+	Sizes        []scaleSize `json:"sizes"`
+	MemorySource string      `json:"memory_source"`
+}
+
+type scaleSize struct {
+	Resources   int     `json:"fencedresources_with_active_grants"`
+	LoadSeconds float64 `json:"load_seconds"`
+	// OperatorRSSMiB is sampled after the load settled; OperatorPeakMiB is the
+	// highest RSS sampled (every 250 ms) while loading and measuring.
+	OperatorRSSMiB  float64 `json:"operator_rss_mib"`
+	OperatorPeakMiB float64 `json:"operator_peak_rss_mib"`
+	OperatorHeapMiB float64 `json:"operator_go_heap_inuse_mib"`
+	APIServerRSSMiB float64 `json:"kube_apiserver_rss_mib"`
+	EtcdRSSMiB      float64 `json:"etcd_rss_mib"`
+	Handoff         dist    `json:"release_handoff"`
+	Protected       dist    `json:"protected_update"`
+	Unprotected     dist    `json:"unprotected_update"`
+	// CreateWithTarget: creating a FencedResource with a target in the loaded
+	// namespace (its webhook lists the namespace's FencedResources).
+	CreateWithTarget dist `json:"create_fencedresource_with_target"`
+}
+
+func mib(b uint64) float64 { return round2(float64(b) / (1 << 20)) }
+
+func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) error {
+	const ns = "bench-scale"
+	if err := e.namespace(ctx, ns); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ph, err := e.followPhases(ctx, ns)
+	if err != nil {
+		return err
+	}
+	s := &scaleResult{}
+	r.Scale = s
+	// Peak RSS: sampled throughout, reset per size.
+	var peak atomic.Uint64
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if m, err := e.op.Memory(); err == nil {
+					for {
+						old := peak.Load()
+						if m.RSS <= old || peak.CompareAndSwap(old, m.RSS) {
+							break
+						}
+					}
+				}
+			}
+		}
+	}()
+	loaded := 0
+	for _, size := range cfg.scaleSizes {
+		peak.Store(0)
+		t := time.Now()
+		if err := e.load(ctx, ns, ph, loaded, size, cfg.loaders, log); err != nil {
+			return err
+		}
+		loaded = size
+		x := scaleSize{Resources: size, LoadSeconds: round2(time.Since(t).Seconds())}
+		// Let the operator finish its follow-up reconciles and the runtime
+		// return what it does not use.
+		time.Sleep(5 * time.Second)
+		m, err := e.op.Memory()
+		if err != nil {
+			return err
+		}
+		s.MemorySource = m.Source
+		x.OperatorRSSMiB, x.OperatorHeapMiB = mib(m.RSS), mib(m.Heap)
+		children := childRSS()
+		x.APIServerRSSMiB, x.EtcdRSSMiB = mib(children["kube-apiserver"]), mib(children["etcd"])
+		fmt.Fprintf(log, "   %d resources loaded in %.0fs: operator RSS %.0f MiB (heap %.0f MiB)\n", size, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorHeapMiB)
+
+		probe := fmt.Sprintf("probe-%d", size)
+		hs, err := e.releaseHandoffs(ctx, ns, probe, min(20, cfg.warmup), cfg.scaleHandoffs, nil)
+		if err != nil {
+			return fmt.Errorf("handoffs at %d: %w", size, err)
+		}
+		x.Handoff = summarize(hs)
+
+		// FencedResource creation with a target lists the namespace's entries.
+		var creates []time.Duration
+		for i := 0; i < 10; i++ {
+			t := time.Now()
+			if err := e.fencedResource(ctx, ns, fmt.Sprintf("target-probe-%d-%d", size, i), 60, fmt.Sprintf("target-probe-%d-%d", size, i)); err != nil {
+				return err
+			}
+			creates = append(creates, time.Since(t))
+		}
+		x.CreateWithTarget = summarize(creates)
+
+		lc, kube, err := e.worker(ctx, ns)
+		if err != nil {
+			return err
+		}
+		var pairs []*fencedPair
+		for i := 0; i < 4; i++ {
+			p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d-%d", size, i), lc, kube)
+			if err != nil {
+				return err
+			}
+			pairs = append(pairs, p)
+		}
+		if _, _, err := interleaved(ctx, pairs, 50, 10); err != nil {
+			return err
+		}
+		prot, unprot, err := interleaved(ctx, pairs, 50, cfg.scaleWebhook)
+		if err != nil {
+			return err
+		}
+		for _, p := range pairs {
+			if err := p.lock.Release(ctx); err != nil {
+				return err
+			}
+		}
+		x.Protected, x.Unprotected = summarize(prot), summarize(unprot)
+		m, err = e.op.Memory()
+		if err == nil && m.RSS > peak.Load() {
+			peak.Store(m.RSS)
+		}
+		x.OperatorPeakMiB = mib(peak.Load())
+		fmt.Fprintf(log, "   at %d: handoff p99 %.2f ms, protected p99 %.2f ms, peak RSS %.0f MiB\n", size, x.Handoff.P99, x.Protected.P99, x.OperatorPeakMiB)
+		s.Sizes = append(s.Sizes, x)
+	}
+	if len(s.Sizes) >= 2 {
+		small, big := s.Sizes[0], s.Sizes[len(s.Sizes)-1]
+		r.judge(fmt.Sprintf("scale handoff p99 %d vs %d", big.Resources, small.Resources), "within 1.5×",
+			ratio(big.Handoff.P99, small.Handoff.P99), 1.5, "×",
+			fmt.Sprintf("handoff p99 %s ms at %d, %s ms at %d", fmtF(big.Handoff.P99), big.Resources, fmtF(small.Handoff.P99), small.Resources))
+		r.judge(fmt.Sprintf("scale webhook p99 %d vs %d", big.Resources, small.Resources), "within 1.5×",
+			ratio(big.Protected.P99, small.Protected.P99), 1.5, "×",
+			fmt.Sprintf("protected update p99 %s ms at %d, %s ms at %d", fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources))
+		r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS < 512 MiB", big.OperatorPeakMiB, 512, "MiB",
+			fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
+	}
+	return nil
+}
+
+// load brings the namespace from `from` to `to` FencedResources, each with
+// a held grant: loaders create the entries and LockGrants directly (as
+// lockclient would, without a watch per grant) and wait until every grant is
+// Held. Leases are an hour, so nothing renews during the run.
+func (e *env) load(ctx context.Context, ns string, ph *phases, from, to, loaders int, log io.Writer) error {
+	start := ph.held.Load()
+	next := atomic.Int64{}
+	next.Store(int64(from))
+	var wg sync.WaitGroup
+	errs := make(chan error, loaders)
+	for l := 0; l < loaders; l++ {
+		cfg, identity, err := e.user("loader", "fencekeeper:workers")
+		if err != nil {
+			return err
+		}
+		kube, err := client.New(cfg, client.Options{Scheme: lockclient.Scheme})
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(to) || ctx.Err() != nil {
+					return
+				}
+				name := fmt.Sprintf("s-%05d", i)
+				if err := retry(ctx, func() error { return client.IgnoreAlreadyExists(e.fencedResource(ctx, ns, name, 3600, "")) }); err != nil {
+					errs <- err
+					return
+				}
+				req := fmt.Sprintf("load-%05d", i)
+				lg := &locksv1.LockGrant{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lockclient.GrantName(name, req), Finalizers: []string{locksv1.GrantFinalizer}},
+					Spec: locksv1.LockGrantSpec{Resource: name, Owner: identity, RequestID: req, Lease: "lease-" + req,
+						OperationRoot: lockclient.OperationRoot(name + "/" + req)},
+				}
+				if err := retry(ctx, func() error { return client.IgnoreAlreadyExists(kube.Create(ctx, lg.DeepCopy())) }); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	// Progress while the grants are issued.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	want := start + int64(to-from)
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	created := false
+	deadline := time.Now().Add(30 * time.Minute)
+	for {
+		if created && ph.held.Load() >= want {
+			return nil
+		}
+		select {
+		case err := <-errs:
+			return err
+		case <-done:
+			created = true
+			done = nil
+		case <-tick.C:
+			fmt.Fprintf(log, "   … %d of %d grants held\n", ph.held.Load(), want)
+			if time.Now().After(deadline) {
+				return fmt.Errorf("only %d of %d grants held after 30 minutes", ph.held.Load(), want)
+			}
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// retry retries transient failures (webhook timeouts under load, 429s).
+func retry(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = f(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
+	return err
+}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+type webhookResult struct {
+	Pairs int           `json:"configmap_pairs"`
+	Rates []webhookRate `json:"rates"`
+	// AdmissionP50/P99: the operator's own fencekeeper_admission_duration_seconds
+	// over the phase, interpolated within histogram buckets.
+	AdmissionP50 float64 `json:"operator_admission_p50_ms"`
+	AdmissionP99 float64 `json:"operator_admission_p99_ms"`
+	// APIServerWebhookP50/P99: the API server's view of the call
+	// (apiserver_admission_webhook_admission_duration_seconds, UPDATE).
+	APIServerWebhookP50 float64 `json:"apiserver_webhook_call_p50_ms"`
+	APIServerWebhookP99 float64 `json:"apiserver_webhook_call_p99_ms"`
+}
+
+type webhookRate struct {
+	Rate        float64 `json:"rate_per_second"`
+	Protected   dist    `json:"protected"`
+	Unprotected dist    `json:"unprotected"`
+	P99Ratio    float64 `json:"p99_ratio_protected_over_unprotected"`
+	P50Ratio    float64 `json:"p50_ratio_protected_over_unprotected"`
+}
+
+// fencedPair is a protected ConfigMap written under a held grant, and an
+// unprotected twin that receives byte-for-byte the same kind of update
+// (same data, same annotations, only without the protected label, so the
+// webhook's objectSelector leaves it alone).
+type fencedPair struct {
+	kube client.Client
+	lock *lockclient.Lock
+	op   string
+	mu   [2]sync.Mutex
+	cm   [2]*corev1.ConfigMap // 0 protected, 1 unprotected
+	seg  [2]int64
+	seq  [2]int
+}
+
+// newFencedPair registers FencedResource name (Enforce, 1 h lease so no
+// renewal runs during the measurement), acquires it and writes segment 1.
+func newFencedPair(ctx context.Context, e *env, ns, name string, lc *lockclient.Client, kube client.Client) (*fencedPair, error) {
+	if err := e.fencedResource(ctx, ns, name, 3600, name+"-p"); err != nil {
+		return nil, err
+	}
+	l, err := lc.Acquire(ctx, name, lockclient.AcquireOptions{})
+	if err != nil {
+		return nil, err
+	}
+	p := &fencedPair{kube: kube, lock: l, op: "bench-" + name}
+	data := map[string]string{"seq": "0", "payload": strings.Repeat("x", 512)}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-p"}}
+	if _, err := l.Operation(p.op).Commit(ctx, cm, func() error { cm.Data = maps.Clone(data); return nil }); err != nil {
+		return nil, fmt.Errorf("first fenced write: %w", err)
+	}
+	if err := kube.Get(ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
+		return nil, err
+	}
+	twin := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-u", Annotations: maps.Clone(cm.Annotations)}, Data: maps.Clone(cm.Data)}
+	if err := kube.Create(ctx, twin); err != nil {
+		return nil, err
+	}
+	p.cm = [2]*corev1.ConfigMap{cm, twin}
+	p.seg = [2]int64{1, 1}
+	return p, nil
+}
+
+// update writes the next segment to ConfigMap kind (0 protected, 1
+// unprotected) and returns the latency of the update request alone.
+func (p *fencedPair) update(ctx context.Context, kind int) (time.Duration, error) {
+	p.mu[kind].Lock()
+	defer p.mu[kind].Unlock()
+	cm := p.cm[kind].DeepCopy()
+	p.seq[kind]++
+	cm.Data["seq"] = strconv.Itoa(p.seq[kind])
+	payload, err := fence.PayloadDigest(fence.ConfigMapPayload(cm.Data, cm.BinaryData))
+	if err != nil {
+		return 0, err
+	}
+	g, proof := p.lock.Grant()
+	ann := maps.Clone(cm.Annotations)
+	if _, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: p.op, Segment: p.seg[kind] + 1, Payload: payload}); err != nil {
+		return 0, err
+	}
+	cm.Annotations = ann
+	t := time.Now()
+	err = p.kube.Update(ctx, cm)
+	d := time.Since(t)
+	if err != nil {
+		return 0, fmt.Errorf("update %s: %w", cm.Name, err)
+	}
+	p.cm[kind], p.seg[kind] = cm, p.seg[kind]+1
+	return d, nil
+}
+
+// interleaved sends n updates of each kind at rate (both kinds together),
+// alternating protected and unprotected and rotating over the pairs; each
+// request is issued on schedule (open loop), so a slow answer does not slow
+// the offered rate.
+func interleaved(ctx context.Context, pairs []*fencedPair, rate float64, n int) (prot, unprot []time.Duration, err error) {
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		firstErr error
+	)
+	interval := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	for i := 0; i < 2*n; i++ {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		kind, pair := i%2, pairs[(i/2)%len(pairs)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := pair.update(ctx, kind)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			if kind == 0 {
+				prot = append(prot, d)
+			} else {
+				unprot = append(unprot, d)
+			}
+		}()
+	}
+	wg.Wait()
+	return prot, unprot, firstErr
+}
+
+func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer) error {
+	const ns = "bench-webhook"
+	if err := e.namespace(ctx, ns); err != nil {
+		return err
+	}
+	lc, kube, err := e.worker(ctx, ns)
+	if err != nil {
+		return err
+	}
+	const npairs = 4
+	var pairs []*fencedPair
+	for i := 0; i < npairs; i++ {
+		p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d", i), lc, kube)
+		if err != nil {
+			return err
+		}
+		pairs = append(pairs, p)
+	}
+	defer func() {
+		for _, p := range pairs {
+			_ = p.lock.Release(context.WithoutCancel(ctx))
+		}
+	}()
+	// Warm-up: connections, the webhook's TLS session, caches.
+	if _, _, err := interleaved(ctx, pairs, 50, 20); err != nil {
+		return err
+	}
+	opBefore, _ := e.op.Metrics(ctx)
+	apiBefore, _ := e.apiserverMetrics(ctx)
+	w := &webhookResult{Pairs: npairs}
+	r.Webhook = w
+	for _, rate := range cfg.rates {
+		prot, unprot, err := interleaved(ctx, pairs, rate, cfg.webhookSamples)
+		if err != nil {
+			return err
+		}
+		x := webhookRate{Rate: rate, Protected: summarize(prot), Unprotected: summarize(unprot)}
+		x.P99Ratio = ratio(x.Protected.P99, x.Unprotected.P99)
+		x.P50Ratio = ratio(x.Protected.P50, x.Unprotected.P50)
+		w.Rates = append(w.Rates, x)
+		fmt.Fprintf(log, "   %g/s: protected p99 %.2f ms, unprotected p99 %.2f ms\n", rate, x.Protected.P99, x.Unprotected.P99)
+		r.judge(fmt.Sprintf("webhook overhead @%g/s", rate), "protected update p99 ≤ 1.5× unprotected p99", x.P99Ratio, 1.5, "×",
+			fmt.Sprintf("%g updates/s interleaved: protected p50/p99 %s/%s ms, unprotected %s/%s ms",
+				rate, fmtF(x.Protected.P50), fmtF(x.Protected.P99), fmtF(x.Unprotected.P50), fmtF(x.Unprotected.P99)))
+	}
+	if opAfter, err := e.op.Metrics(ctx); err == nil {
+		h := histogramDelta(opAfter, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
+		w.AdmissionP50, w.AdmissionP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	}
+	if apiAfter, err := e.apiserverMetrics(ctx); err == nil {
+		h := histogramDelta(apiAfter, apiBefore, "apiserver_admission_webhook_admission_duration_seconds", `name="vprotected.fencekeeper.dev"`, `operation="UPDATE"`)
+		w.APIServerWebhookP50, w.APIServerWebhookP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	}
+	return nil
+}
+
+func (e *env) apiserverMetrics(ctx context.Context) (string, error) {
+	raw, err := e.adminC.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	return string(raw), err
+}
+
+// histogram is a cumulative Prometheus histogram: upper bound → count.
+type histogram struct {
+	bounds []float64
+	counts []float64
+}
+
+// histogramDelta sums the buckets of name whose series match every filter,
+// after minus before.
+func histogramDelta(after, before, name string, filters ...string) histogram {
+	sum := func(text string) map[float64]float64 {
+		out := map[float64]float64{}
+		for series, v := range parseMetrics(text) {
+			if !strings.HasPrefix(series, name+"_bucket{") {
+				continue
+			}
+			ok := true
+			for _, f := range filters {
+				ok = ok && strings.Contains(series, f)
+			}
+			if !ok {
+				continue
+			}
+			le := parseLabels(series)["le"]
+			b, err := strconv.ParseFloat(le, 64)
+			if le == "+Inf" {
+				b, err = math.Inf(1), nil
+			}
+			if err == nil {
+				out[b] += v
+			}
+		}
+		return out
+	}
+	a, b := sum(after), sum(before)
+	var h histogram
+	for bound := range a {
+		h.bounds = append(h.bounds, bound)
+	}
+	sort.Float64s(h.bounds)
+	for _, bound := range h.bounds {
+		h.counts = append(h.counts, a[bound]-b[bound])
+	}
+	return h
+}
+
+// quantile interpolates linearly within the bucket holding q (as
+// Prometheus' histogram_quantile does).
+func (h histogram) quantile(q float64) float64 {
+	if len(h.counts) == 0 || h.counts[len(h.counts)-1] == 0 {
+		return math.NaN()
+	}
+	total := h.counts[len(h.counts)-1]
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for i, c := range h.counts {
+		if c >= rank {
+			upper := h.bounds[i]
+			if math.IsInf(upper, 1) {
+				return lower
+			}
+			if c == below {
+				return upper
+			}
+			return lower + (upper-lower)*(rank-below)/(c-below)
+		}
+		lower, below = h.bounds[i], c
+	}
+	return h.bounds[len(h.bounds)-1]
+}
