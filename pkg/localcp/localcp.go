@@ -126,6 +126,9 @@ func (cp *ControlPlane) AdminClient() (client.WithWatch, error) {
 	return client.NewWithWatch(cp.Admin, client.Options{Scheme: cp.Scheme})
 }
 
+// User is an authenticated user of the control plane.
+type User = envtest.AuthenticatedUser
+
 // AddUser adds an authenticated user; workers belong to WorkersGroup.
 func (cp *ControlPlane) AddUser(name string, groups ...string) (*User, error) {
 	return cp.Env.AddUser(envtest.User{Name: name, Groups: groups}, cp.Admin)
@@ -302,6 +305,3 @@ func LoadObjects(scheme *runtime.Scheme, paths ...string) ([]client.Object, erro
 	}
 	return out, nil
 }
-
-// User is an authenticated user of the control plane.
-type User = envtest.AuthenticatedUser
