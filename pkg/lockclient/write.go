@@ -153,15 +153,12 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 		}
 	}
 	if err == nil {
-		for _, r := range st.Receipts {
-			if r.Fence == want.Fence && r.Segment == want.Segment && r.Operation == want.Operation {
-				if r.Payload == want.Payload {
-					return true, r, nil
-				}
-				return false, fence.Receipt{}, fmt.Errorf("%w: segment %d of fence %d was applied with another payload", ErrMutationUnknown, want.Segment, want.Fence)
-			}
-		}
-		if provenAbsent(st, want) {
+		switch out, r := ResolveFromLog(st, want); out {
+		case Applied:
+			return true, r, nil
+		case AppliedOtherPayload:
+			return false, fence.Receipt{}, fmt.Errorf("%w: segment %d of fence %d was applied with another payload", ErrMutationUnknown, want.Segment, want.Fence)
+		case ProvenAbsent:
 			return false, fence.Receipt{}, nil
 		}
 	}
@@ -170,18 +167,45 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 		ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name)
 }
 
-// provenAbsent: segments of a fence are accepted in order and the log keeps
-// the newest receipts, so the write is absent when the object never reached
-// it, or when the log reaches back past where it would be and lacks it.
-func provenAbsent(st fence.State, want fence.Receipt) bool {
+// Resolution is what an object's fence state says about a write whose
+// outcome is unknown (DESIGN.md, MUTATION_UNKNOWN).
+type Resolution int
+
+const (
+	// Undeterminable: the receipt log no longer reaches back to the write.
+	Undeterminable Resolution = iota
+	// Applied: the write's receipt is in the log; reuse it.
+	Applied
+	// AppliedOtherPayload: the segment was applied with a different payload.
+	AppliedOtherPayload
+	// ProvenAbsent: the write never landed; it may be retried under a current fence.
+	ProvenAbsent
+)
+
+// ResolveFromLog decides a write (its fence, segment, operation and payload)
+// from the stored fence state. Segments of a fence are accepted in order and
+// the log keeps the newest receipts, so the write is absent when the object
+// never reached it, or when the log reaches back past where it would be and
+// lacks it.
+func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Receipt) {
+	for _, r := range st.Receipts {
+		if r.Fence == want.Fence && r.Segment == want.Segment && r.Operation == want.Operation {
+			if r.Payload == want.Payload {
+				return Applied, r
+			}
+			return AppliedOtherPayload, r
+		}
+	}
 	if st.HighestFence < want.Fence || (st.HighestFence == want.Fence && st.LastSegment < want.Segment) {
-		return true
+		return ProvenAbsent, fence.Receipt{}
 	}
 	if len(st.Receipts) == 0 {
-		return false
+		return Undeterminable, fence.Receipt{}
 	}
-	oldest := st.Receipts[0]
-	return oldest.Fence < want.Fence || (oldest.Fence == want.Fence && oldest.Segment < want.Segment)
+	if oldest := st.Receipts[0]; oldest.Fence < want.Fence || (oldest.Fence == want.Fence && oldest.Segment < want.Segment) {
+		return ProvenAbsent, fence.Receipt{}
+	}
+	return Undeterminable, fence.Receipt{}
 }
 
 func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) {
