@@ -1,0 +1,606 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// Keys the adversary signs with: one nobody trusts, and one that claims the
+// issuer's key ID.
+var (
+	forgerKey = sync.OnceValue(func() *grant.Signer {
+		s, err := grant.NewSigner("k-attacker", bytes.Repeat([]byte{0xa7}, 32))
+		if err != nil {
+			panic(err)
+		}
+		return s
+	})
+	impostorKey = sync.OnceValue(func() *grant.Signer {
+		s, err := grant.NewSigner(issuerKey().KeyID(), bytes.Repeat([]byte{0x1f}, 32))
+		if err != nil {
+			panic(err)
+		}
+		return s
+	})
+)
+
+// neighbourResourceID is another resource the same issuer signs grants for.
+const neighbourResourceID = "invoice-batch/2026-07-20"
+
+// adversary injects the faults: it arms one-shot faults on workers, pauses
+// them, breaks the issuer, restores registry backups, and sends writes of
+// its own — forged, tampered, oversized, stolen, replayed — through the same
+// network and acceptance point as everyone else.
+type adversary struct {
+	w      *world
+	sent   []*request   // the latest writes workers sent, for duplicates and replays
+	issued []issuedCopy // every grant the registry issued, in order
+	n      int          // numbers the adversary's contents
+}
+
+type issuedCopy struct {
+	g     grant.Grant
+	proof string
+}
+
+func newAdversary(w *world) *adversary { return &adversary{w: w} }
+
+func (a *adversary) remember(r *request) {
+	a.sent = append(a.sent, r)
+	if len(a.sent) > 32 {
+		a.sent = a.sent[1:]
+	}
+}
+
+func (a *adversary) sawIssued(g grant.Grant, proof string) {
+	a.issued = append(a.issued, issuedCopy{g, proof})
+}
+
+// inject tries one fault of the schedule's plan.
+func (a *adversary) inject() {
+	p := &a.w.faults
+	f := p.enabled[a.w.rng.IntN(len(p.enabled))]
+	if slices.Contains(p.suppressed, f) {
+		return
+	}
+	if a.apply(f) {
+		p.budget--
+	}
+}
+
+// injected counts an immediate fault and traces it.
+func (a *adversary) injected(f Fault, format string, args ...any) bool {
+	a.w.res.Faults[f]++
+	a.w.tracef("FAULT %s: %s", f, fmt.Sprintf(format, args...))
+	return true
+}
+
+func (a *adversary) apply(f Fault) bool {
+	held := func(k *worker) bool {
+		return k.lock != nil && k.lock.held && k.lock.state == lockclient.StateHeld && !k.lock.releasing
+	}
+	switch f {
+	case FaultOwnerPause:
+		if a.w.rng.IntN(3) != 0 {
+			return a.arm(held, func(k *worker) *bool { return &k.armed.pauseBeforeWrite })
+		}
+		return a.pauseOwner()
+	case FaultLostRenewalResponse:
+		return a.arm(held, func(k *worker) *bool { return &k.armed.lostRenewal })
+	case FaultLostAcquireResponse:
+		return a.arm(func(k *worker) bool { return k.jobsLeft > 1 || (k.jobsLeft == 1 && k.lock == nil) }, func(k *worker) *bool { return &k.armed.lostAcquire })
+	case FaultReleaseReacquire:
+		return a.arm(held, func(k *worker) *bool { return &k.armed.reacquire })
+	case FaultOutOfOrderSegment:
+		return a.arm(held, func(k *worker) *bool { return &k.armed.skipSegment })
+	case FaultLostWriteAck:
+		return a.arm(held, func(k *worker) *bool { return &k.armed.lostWriteAck })
+	case FaultDelayedMessage:
+		return a.arm(held, func(k *worker) *bool { return &k.armed.delayWrite })
+	case FaultDuplicateSegment:
+		return a.duplicate()
+	case FaultReplayOldEnvelope:
+		return a.replayOld()
+	case FaultDifferentPayload:
+		return a.differentPayload()
+	case FaultRestoreSnapshot:
+		return a.restoreBackup()
+	case FaultForgedGrant:
+		return a.forged()
+	case FaultOversizedToken:
+		return a.oversized()
+	case FaultTamperedGrant:
+		return a.tampered()
+	case FaultCrossResource:
+		return a.crossResource()
+	case FaultRevokedEpoch:
+		return a.revokeEpoch()
+	case FaultStolenGrant:
+		return a.stolen()
+	case FaultPayloadMismatch:
+		return a.payloadMismatch()
+	case FaultUnfencedWrite:
+		return a.unfenced()
+	case FaultIssuerFailover:
+		return a.failover()
+	case FaultPolicyChange:
+		return a.policyChange()
+	}
+	return false
+}
+
+// arm sets a one-shot fault on a random worker matching ok; it is counted
+// when it fires.
+func (a *adversary) arm(ok func(*worker) bool, flag func(*worker) *bool) bool {
+	var cands []*worker
+	for _, k := range a.w.workers {
+		if ok(k) && !*flag(k) {
+			cands = append(cands, k)
+		}
+	}
+	if len(cands) == 0 {
+		return false
+	}
+	*flag(cands[a.w.rng.IntN(len(cands))]) = true
+	return true
+}
+
+// pauseOwner freezes a worker for longer than the lease at whatever it is
+// doing (the armed variant pauses it between its guard and its write).
+func (a *adversary) pauseOwner() bool {
+	var cands []*worker
+	for _, k := range a.w.workers {
+		if k.prepared != nil && !k.paused() {
+			cands = append(cands, k)
+		}
+	}
+	if len(cands) == 0 {
+		for _, k := range a.w.workers {
+			if k.lock != nil && k.lock.held && !k.paused() {
+				cands = append(cands, k)
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return false
+	}
+	k := cands[a.w.rng.IntN(len(cands))]
+	k.pausedUntil = a.w.now.Add(lease + time.Duration(a.w.rng.Int64N(int64(2*lease))))
+	if k.prepared != nil && k.prepared.fault == faultNone {
+		k.prepared.fault = FaultOwnerPause
+	}
+	return a.injected(FaultOwnerPause, "%s pauses until +%s (write prepared: %t)", k.name, k.pausedUntil.Sub(simStart).Truncate(time.Millisecond), k.prepared != nil)
+}
+
+// holderGrant is the registry's current holder's grant.
+func (a *adversary) holderGrant() (issuedCopy, bool) {
+	if h := a.w.reg.fr.Status.Holder; h != nil {
+		for i := len(a.issued) - 1; i >= 0; i-- {
+			if a.issued[i].g.Digest() == h.Digest {
+				return a.issued[i], true
+			}
+		}
+	}
+	return issuedCopy{}, false
+}
+
+// genuine picks a grant the registry issued: the current holder's if any.
+func (a *adversary) genuine() (issuedCopy, bool) {
+	if len(a.issued) == 0 {
+		return issuedCopy{}, false
+	}
+	if ic, ok := a.holderGrant(); ok && a.w.rng.IntN(4) != 0 {
+		return ic, true
+	}
+	return a.issued[a.w.rng.IntN(len(a.issued))], true
+}
+
+// storedState is the fence state of the stored object.
+func (a *adversary) storedState() fence.State {
+	if a.w.obj.stored == nil {
+		return fence.State{}
+	}
+	ann := annotations(a.w.obj.stored)
+	st, _ := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	return st
+}
+
+// nextSegment is the segment that would follow for g at the stored object.
+func (a *adversary) nextSegment(g grant.Grant) int64 {
+	if st := a.storedState(); st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
+		return st.LastSegment + 1
+	}
+	return 1
+}
+
+func (a *adversary) content() map[string]string {
+	a.n++
+	return map[string]string{"operation": "adversary", "result": fmt.Sprintf("overwritten-%d", a.n)}
+}
+
+// craftSpec is what an adversary's write carries whatever the object holds.
+type craftSpec struct {
+	env     fence.Envelope
+	content map[string]string
+	payload string              // "" = the digest of content
+	mangle  func(string) string // rewrites the encoded fence annotation
+}
+
+// craft builds a write of content onto the stored object, carrying env (its
+// payload set to the content's digest unless payload is given) and the receipt
+// log an accepted write must carry, so only the fence annotation can fail it.
+// It is built again onto the object as it is when the write arrives.
+func (a *adversary) craft(f Fault, user string, env fence.Envelope, content map[string]string, payload string) *request {
+	r := &request{kind: reqWriteObject, user: user, fault: f, rebuild: &craftSpec{env: env, content: content, payload: payload}}
+	a.rebuild(r)
+	return r
+}
+
+// rebuild (re)builds r's object from its craftSpec onto the stored object.
+func (a *adversary) rebuild(r *request) {
+	c := r.rebuild
+	env, payload := c.env, c.payload
+	obj := newObject()
+	if a.w.obj.stored != nil {
+		obj = runtime.DeepCopyJSON(a.w.obj.stored)
+	}
+	setData(obj, c.content)
+	lbl := labels(obj)
+	lbl[fence.LabelProtected] = "true"
+	setStringMap(obj, "labels", lbl)
+	ann := annotations(obj)
+	ann[fence.AnnotationResource] = resourceName
+	if payload == "" {
+		payload, _ = fence.PayloadDigest(fence.ObjectPayload(obj))
+	}
+	env.Payload = payload
+	if env.Operation == "" {
+		env.Operation = "adversary"
+	}
+	if _, err := fence.Stamp(ann, env); err != nil {
+		panic(err)
+	}
+	if c.mangle != nil {
+		ann[fence.AnnotationFence] = c.mangle(ann[fence.AnnotationFence])
+	}
+	setStringMap(obj, "annotations", ann)
+	setRV(obj, "")
+	r.object, r.create = obj, a.w.obj.stored == nil
+}
+
+func (a *adversary) send(r *request) {
+	a.w.send(r)
+}
+
+func (a *adversary) otherUser(not string) string {
+	var users []string
+	for _, k := range a.w.workers {
+		if k.user != not {
+			users = append(users, k.user)
+		}
+	}
+	if len(users) == 0 {
+		return "system:serviceaccount:" + namespace + ":intruder"
+	}
+	return users[a.w.rng.IntN(len(users))]
+}
+
+func (a *adversary) duplicate() bool {
+	if len(a.sent) == 0 {
+		return false
+	}
+	orig := a.sent[len(a.sent)-1-a.w.rng.IntN(min(3, len(a.sent)))]
+	r := &request{kind: reqWriteObject, user: orig.user, object: runtime.DeepCopyJSON(orig.object), rv: orig.rv, create: orig.create, fault: FaultDuplicateSegment}
+	if a.w.rng.IntN(2) == 0 {
+		r.rv = "" // a client without optimistic concurrency
+		setRV(r.object, "")
+	}
+	a.send(r)
+	return a.injected(FaultDuplicateSegment, "the network delivers %s's write again", orig.user)
+}
+
+// replayOld re-sends an earlier write: verbatim, or its envelope and content
+// onto the current object (so that only its staleness can fail it).
+func (a *adversary) replayOld() bool {
+	if len(a.sent) == 0 {
+		return false
+	}
+	orig := a.sent[a.w.rng.IntN(len(a.sent))]
+	verbatim := a.w.rng.IntN(2) == 0
+	r := a.replayOf(orig, verbatim, FaultReplayOldEnvelope)
+	if r == nil {
+		return false
+	}
+	a.send(r)
+	return a.injected(FaultReplayOldEnvelope, "an old write of %s arrives again (verbatim: %t)", orig.user, verbatim)
+}
+
+func (a *adversary) replayOf(orig *request, verbatim bool, f Fault) *request {
+	if verbatim {
+		obj := runtime.DeepCopyJSON(orig.object)
+		setRV(obj, "")
+		return &request{kind: reqWriteObject, user: orig.user, object: obj, create: orig.create && a.w.obj.stored == nil, fault: f}
+	}
+	env, err := fence.ParseEnvelope(annotations(orig.object)[fence.AnnotationFence])
+	if err != nil {
+		return nil
+	}
+	data := map[string]string{}
+	if m, ok := orig.object["data"].(map[string]any); ok {
+		for k, v := range m {
+			data[k], _ = v.(string)
+		}
+	}
+	return a.craft(f, orig.user, env, data, env.Payload)
+}
+
+// lateWrite sends, to arrive after d, the next segment under a grant that is
+// about to end: a write of its holder still in flight.
+func (a *adversary) lateWrite(g grant.Grant, proof string, d time.Duration, f Fault) {
+	r := a.craft(f, g.Owner, fence.Envelope{Grant: g, Proof: proof, Operation: "late-" + g.RequestID, Segment: a.nextSegment(g)}, a.content(), "")
+	a.send(r)
+	r.notBefore = a.w.now.Add(d)
+}
+
+func (a *adversary) differentPayload() bool {
+	stored := a.w.obj.stored
+	if stored == nil {
+		return false
+	}
+	st := a.storedState()
+	env, err := fence.ParseEnvelope(st.Accepted)
+	if err != nil {
+		return false
+	}
+	// The last segment, or an earlier one still in the receipt log.
+	var segs []fence.Receipt
+	for _, r := range st.Receipts {
+		if r.Fence == env.Grant.FenceToken {
+			segs = append(segs, r)
+		}
+	}
+	if len(segs) > 0 {
+		r := segs[a.w.rng.IntN(len(segs))]
+		env.Segment, env.Operation = r.Segment, r.Operation
+	}
+	a.send(a.craft(FaultDifferentPayload, env.Grant.Owner, env, a.content(), ""))
+	return a.injected(FaultDifferentPayload, "segment %d of fence %d sent again with another payload", env.Segment, env.Grant.FenceToken)
+}
+
+func (a *adversary) restoreBackup() bool {
+	var cands []snapshot
+	for _, s := range a.w.reg.snapshots {
+		if a.w.now.Sub(s.at) >= 500*time.Millisecond {
+			cands = append(cands, s)
+		}
+	}
+	if len(cands) == 0 {
+		return false
+	}
+	s := cands[a.w.rng.IntN(len(cands))]
+	a.injected(FaultRestoreSnapshot, "the registry backend is restored to its backup of +%s", s.at.Sub(simStart).Truncate(time.Millisecond))
+	a.w.reg.restore(s)
+	return true
+}
+
+func (a *adversary) forged() bool {
+	src, ok := a.genuine()
+	if !ok {
+		return false
+	}
+	g := src.g
+	g.FenceToken = max(g.FenceToken, a.storedState().HighestFence) + 1 + int64(a.w.rng.IntN(3))
+	var proof, how string
+	switch a.w.rng.IntN(3) {
+	case 0:
+		_, proof, _ = forgerKey().Sign(g)
+		how = "signed by an untrusted key"
+	case 1:
+		_, proof, _ = impostorKey().Sign(g)
+		how = "signed by another key under the issuer's key ID"
+	default:
+		sig := make([]byte, 64)
+		for i := range sig {
+			sig[i] = byte(a.w.rng.IntN(256))
+		}
+		proof = "ed25519:" + issuerKey().KeyID() + ":" + base64.StdEncoding.EncodeToString(sig)
+		how = "with random signature bytes"
+	}
+	a.send(a.craft(FaultForgedGrant, g.Owner, fence.Envelope{Grant: g, Proof: proof, Segment: 1}, a.content(), ""))
+	return a.injected(FaultForgedGrant, "grant with fence %d %s, sent by %s", g.FenceToken, how, g.Owner)
+}
+
+func (a *adversary) oversized() bool {
+	src, ok := a.genuine()
+	if !ok {
+		return false
+	}
+	g := src.g
+	env := fence.Envelope{Grant: g, Proof: src.proof, Segment: a.nextSegment(g)}
+	variant := a.w.rng.IntN(4)
+	if variant == 0 {
+		env.Operation = strings.Repeat("x", fence.MaxFenceAnnotationBytes) // pushes the annotation past 8 KiB
+	}
+	token := `"fenceToken":` + strconv.FormatInt(g.FenceToken, 10) + `,`
+	replacement, how := token, "an annotation over 8 KiB"
+	switch variant {
+	case 1:
+		replacement, how = `"fenceToken":9223372036854775808,`, "fenceToken 2^63"
+	case 2:
+		replacement, how = `"fenceToken":-`+strconv.FormatInt(g.FenceToken, 10)+`,`, "a negative fenceToken"
+	case 3:
+		replacement, how = `"fenceToken":0,`, "fenceToken 0"
+	}
+	r := &request{kind: reqWriteObject, user: g.Owner, fault: FaultOversizedToken, rebuild: &craftSpec{env: env, content: a.content(),
+		mangle: func(raw string) string { return strings.Replace(raw, token, replacement, 1) }}}
+	a.rebuild(r)
+	a.send(r)
+	return a.injected(FaultOversizedToken, "grant of %s with %s", g.Owner, how)
+}
+
+func (a *adversary) tampered() bool {
+	src, ok := a.genuine()
+	if !ok {
+		return false
+	}
+	g := src.g
+	var field string
+	switch a.w.rng.IntN(10) {
+	case 0:
+		g.FenceToken += 1 + int64(a.w.rng.IntN(3))
+		field = "fenceToken"
+	case 1:
+		g.Owner = a.otherUser(g.Owner)
+		field = "owner"
+	case 2:
+		g.Lease += "-x"
+		field = "lease"
+	case 3:
+		g.RequestID += "-x"
+		field = "requestID"
+	case 4:
+		g.OperationRoot = lockclient.OperationRoot("another plan")
+		field = "operationRoot"
+	case 5:
+		g.IssuerEpoch++
+		field = "issuerEpoch"
+	case 6:
+		g.TTLSeconds = 3600
+		field = "ttlSeconds"
+	case 7:
+		g.PolicyGeneration++
+		field = "policyGeneration"
+	case 8:
+		g.BackendRevision += "0"
+		field = "backendRevision"
+	default:
+		g.Resource = neighbourResourceID
+		field = "resource"
+	}
+	a.send(a.craft(FaultTamperedGrant, g.Owner, fence.Envelope{Grant: g, Proof: src.proof, Segment: a.nextSegment(src.g)}, a.content(), ""))
+	return a.injected(FaultTamperedGrant, "a genuine grant (fence %d) with its %s changed, sent by %s", src.g.FenceToken, field, g.Owner)
+}
+
+func (a *adversary) crossResource() bool {
+	src, ok := a.genuine()
+	if !ok {
+		return false
+	}
+	g := src.g
+	g.Resource = neighbourResourceID
+	g.FenceToken = max(g.FenceToken, a.storedState().HighestFence) + 1 + int64(a.w.rng.IntN(3))
+	_, proof, err := issuerKey().Sign(g) // genuinely issued, for the neighbour
+	if err != nil {
+		panic(err)
+	}
+	a.send(a.craft(FaultCrossResource, g.Owner, fence.Envelope{Grant: g, Proof: proof, Segment: 1}, a.content(), ""))
+	return a.injected(FaultCrossResource, "a grant the issuer signed for %s (fence %d), sent by %s", neighbourResourceID, g.FenceToken, g.Owner)
+}
+
+func (a *adversary) revokeEpoch() bool {
+	r := a.w.reg
+	if r.revokedBelow > r.epoch || !r.outageUntil.IsZero() {
+		return false
+	}
+	d := time.Duration(500+a.w.rng.IntN(4500)) * time.Millisecond
+	a.injected(FaultRevokedEpoch, "issuer epoch %d is revoked; a new epoch takes over in %s", r.epoch, d)
+	holder, held := a.holderGrant()
+	r.revokeEpoch(d)
+	// A write under the revoked epoch arrives after the new epoch started.
+	if held {
+		a.lateWrite(holder.g, holder.proof, d+time.Second, FaultRevokedEpoch)
+	}
+	return true
+}
+
+func (a *adversary) stolen() bool {
+	src, ok := a.genuine()
+	if !ok {
+		return false
+	}
+	user := a.otherUser(src.g.Owner)
+	a.send(a.craft(FaultStolenGrant, user, fence.Envelope{Grant: src.g, Proof: src.proof, Segment: a.nextSegment(src.g)}, a.content(), ""))
+	return a.injected(FaultStolenGrant, "%s presents the grant of %s (fence %d)", user, src.g.Owner, src.g.FenceToken)
+}
+
+func (a *adversary) payloadMismatch() bool {
+	src, ok := a.genuine()
+	if !ok {
+		return false
+	}
+	other, _ := fence.PayloadDigest(map[string]any{"data": map[string]any{"result": "what the grant holder meant"}})
+	a.send(a.craft(FaultPayloadMismatch, src.g.Owner, fence.Envelope{Grant: src.g, Proof: src.proof, Segment: a.nextSegment(src.g)}, a.content(), other))
+	return a.injected(FaultPayloadMismatch, "%s's write (fence %d) carries the digest of other content", src.g.Owner, src.g.FenceToken)
+}
+
+// unfenced changes the object without a fresh fence annotation.
+func (a *adversary) unfenced() bool {
+	stored := a.w.obj.stored
+	obj := newObject()
+	if stored != nil {
+		obj = runtime.DeepCopyJSON(stored)
+	}
+	setRV(obj, "")
+	ann, lbl := annotations(obj), labels(obj)
+	lbl[fence.LabelProtected] = "true"
+	var how string
+	switch v := a.w.rng.IntN(4); {
+	case stored == nil || v == 0:
+		setData(obj, a.content())
+		delete(ann, fence.AnnotationFence)
+		how = "new content, no fence annotation"
+	case v == 1:
+		setData(obj, a.content())
+		how = "new content under the last accepted fence annotation"
+	case v == 2:
+		delete(lbl, fence.LabelProtected)
+		delete(ann, fence.AnnotationFence)
+		how = "the protected label and the fence annotation removed"
+	default:
+		ann[fence.AnnotationReceipts] = ""
+		how = "the receipt log cleared"
+	}
+	ann[fence.AnnotationResource] = resourceName
+	setStringMap(obj, "annotations", ann)
+	setStringMap(obj, "labels", lbl)
+	user := a.otherUser("")
+	a.send(&request{kind: reqWriteObject, user: user, object: obj, create: stored == nil, fault: FaultUnfencedWrite})
+	return a.injected(FaultUnfencedWrite, "%s writes %s", user, how)
+}
+
+func (a *adversary) failover() bool {
+	r := a.w.reg
+	if !r.outageUntil.IsZero() {
+		return false
+	}
+	d := time.Duration(500+a.w.rng.Int64N(int64(2*lease/time.Millisecond))) * time.Millisecond
+	r.outage(d)
+	return a.injected(FaultIssuerFailover, "the issuer loses its leader for %s; epoch %d follows", d, r.epoch+1)
+}
+
+func (a *adversary) policyChange() bool {
+	r := a.w.reg
+	floor := max(r.fr.Spec.FenceFloor, r.fr.Status.FenceToken) + 1 + int64(a.w.rng.IntN(3))
+	a.injected(FaultPolicyChange, "the operator raises spec.fenceFloor to %d", floor)
+	r.changeSpec(func(s *locksv1.FencedResourceSpec) { s.FenceFloor = floor })
+	return true
+}
+
+// onReply: the adversary does not act on answers; the verdicts are counted
+// where they are decided.
+func (a *adversary) onReply(rp *reply) {
+	a.w.tracef("adversary's write (%s, as %s): %s", rp.req.fault, rp.req.user, rp.summary())
+}

@@ -1,0 +1,103 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"strings"
+)
+
+// Fault is one row of the failure matrix.
+type Fault int
+
+// faultNone tags requests no fault produced.
+const faultNone = -1
+
+// The failure matrix of the source design, then the faults DESIGN.md's
+// verdict list adds.
+const (
+	FaultOwnerPause Fault = iota
+	FaultLostRenewalResponse
+	FaultLostAcquireResponse
+	FaultReleaseReacquire
+	FaultOutOfOrderSegment
+	FaultDuplicateSegment
+	FaultDifferentPayload
+	FaultDelayedMessage
+	FaultReplayOldEnvelope
+	FaultRestoreSnapshot
+	FaultLostWriteAck
+	FaultForgedGrant
+	FaultOversizedToken
+	FaultTamperedGrant
+	FaultCrossResource
+	FaultRevokedEpoch
+	FaultStolenGrant
+	FaultPayloadMismatch
+	FaultUnfencedWrite
+	FaultIssuerFailover
+	FaultPolicyChange
+	numFaults
+)
+
+var faultNames = [numFaults]string{
+	"owner pause past TTL", "lost renewal response", "lost acquire response", "release + immediate reacquire",
+	"out-of-order segment", "duplicate segment", "different-payload segment", "delayed message",
+	"replayed old envelope", "restored registry snapshot", "lost write ACK", "forged grant",
+	"oversized/out-of-range token", "tampered grant", "cross-resource proof replay", "revoked issuer epoch",
+	"stolen grant (other identity)", "payload mismatch", "write without fresh fence", "issuer failover (new epoch)",
+	"policy change (fenceFloor raised)",
+}
+
+func (f Fault) String() string {
+	if f < 0 || f >= numFaults {
+		return "none"
+	}
+	return faultNames[f]
+}
+
+// AllFaults lists every fault.
+func AllFaults() []Fault {
+	fs := make([]Fault, numFaults)
+	for i := range fs {
+		fs[i] = Fault(i)
+	}
+	return fs
+}
+
+// faultPlan is which faults one schedule injects, and how many.
+type faultPlan struct {
+	enabled    []Fault
+	suppressed []Fault // drawn but not applied (see Config.Suppress)
+	budget     int
+}
+
+// newFaultPlan picks a random half of the allowed faults (at least one) and a
+// budget of injections, so schedules differ in which faults combine.
+func newFaultPlan(rng *rand.Rand, allowed, suppressed []Fault) faultPlan {
+	if allowed == nil {
+		allowed = AllFaults()
+	}
+	p := faultPlan{suppressed: suppressed}
+	for _, f := range allowed {
+		if rng.IntN(2) == 0 {
+			p.enabled = append(p.enabled, f)
+		}
+	}
+	if len(p.enabled) == 0 && len(allowed) > 0 {
+		p.enabled = append(p.enabled, allowed[rng.IntN(len(allowed))])
+	}
+	p.budget = 3 + rng.IntN(8)
+	return p
+}
+
+// due proposes an injection now and then.
+func (p *faultPlan) due(rng *rand.Rand) bool {
+	return p.budget > 0 && len(p.enabled) > 0 && rng.IntN(20) == 0
+}
+
+func (p faultPlan) String() string {
+	names := make([]string, len(p.enabled))
+	for i, f := range p.enabled {
+		names[i] = f.String()
+	}
+	return strings.Join(names, ", ")
+}

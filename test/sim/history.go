@@ -1,0 +1,177 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// The history checker: every read and write of the protected object, as its
+// clients saw it (sent, answered or never answered), must be linearizable
+// against a sequential fenced register. The register holds the fence, grant,
+// segment and payload of the last accepted write, and accepts a write only
+// if it carries a higher fence starting at segment 1, or the same grant's next
+// segment. Reads return the register.
+
+// registerState is the fenced register's value.
+type registerState struct {
+	Fence   int64
+	Grant   string // digest of the grant document
+	Segment int64
+	Payload string
+}
+
+type registerInput struct {
+	Write bool
+	Valid bool // the write carries a readable fence annotation
+	Value registerState
+}
+
+type writeOutcome int
+
+const (
+	outcomeUnknown        writeOutcome = iota // no answer reached the client
+	outcomeAccepted                           // written
+	outcomeUnchanged                          // allowed, but the object was already exactly this
+	outcomeRejected                           // denied or refused (conflict, not found); nothing changed
+	outcomeAlreadyApplied                     // denied as a replay of an applied segment
+)
+
+type registerOutput struct {
+	Outcome writeOutcome
+	Read    registerState
+}
+
+type history struct {
+	ops      []porcupine.Operation
+	answered []bool
+}
+
+func newHistory() *history { return &history{} }
+
+// call records a read or write leaving its client.
+func (h *history) call(w *world, r *request, tick int64) int {
+	in := registerInput{}
+	if r.kind == reqWriteObject {
+		in.Write = true
+		in.Value, in.Valid = w.registerOf(r.object)
+	}
+	h.ops = append(h.ops, porcupine.Operation{Input: in, Call: tick, Return: math.MaxInt64})
+	h.answered = append(h.answered, false)
+	return len(h.ops) - 1
+}
+
+// ret records the answer reaching its client.
+func (h *history) ret(w *world, rp *reply, tick int64) {
+	i := rp.req.historyOp
+	out := registerOutput{}
+	if rp.req.kind == reqGetObject {
+		if rp.object != nil {
+			out.Read, _ = w.registerOf(rp.object)
+		}
+	} else {
+		switch {
+		case rp.status == replyOK && rp.verdict == fence.Unchanged:
+			out.Outcome = outcomeUnchanged
+		case rp.status == replyOK:
+			out.Outcome = outcomeAccepted
+		case rp.verdict == fence.AlreadyApplied:
+			out.Outcome = outcomeAlreadyApplied
+		default:
+			out.Outcome = outcomeRejected
+		}
+	}
+	h.ops[i].Output, h.ops[i].Return = out, tick
+	h.answered[i] = true
+}
+
+// registerOf reads the register value an object holds.
+func (w *world) registerOf(obj map[string]any) (registerState, bool) {
+	raw := annotations(obj)[fence.AnnotationFence]
+	if raw == "" {
+		return registerState{}, true
+	}
+	e, err := w.readEnvelope(raw)
+	if err != nil || len(raw) > fence.MaxFenceAnnotationBytes {
+		return registerState{}, false
+	}
+	return registerState{Fence: e.grant.FenceToken, Grant: e.digest, Segment: e.Segment, Payload: e.Payload}, true
+}
+
+// follows is the register's acceptance rule.
+func follows(s, w registerState) bool {
+	return (w.Fence > s.Fence && w.Segment == 1) || (w.Fence == s.Fence && w.Grant == s.Grant && w.Segment == s.Segment+1)
+}
+
+var registerModel = (&porcupine.NondeterministicModel{
+	Init: func() []any { return []any{registerState{}} },
+	Step: func(state, input, output any) []any {
+		s, in, out := state.(registerState), input.(registerInput), output.(registerOutput)
+		if !in.Write {
+			if out.Read == s {
+				return []any{s}
+			}
+			return nil
+		}
+		w := in.Value
+		switch out.Outcome {
+		case outcomeRejected:
+			return []any{s}
+		case outcomeUnknown: // it may or may not have taken effect
+			if in.Valid && follows(s, w) {
+				return []any{s, w}
+			}
+			return []any{s}
+		case outcomeAccepted:
+			if in.Valid && follows(s, w) {
+				return []any{w}
+			}
+		case outcomeUnchanged:
+			if in.Valid && s == w {
+				return []any{s}
+			}
+		case outcomeAlreadyApplied:
+			if in.Valid && s.Fence == w.Fence && s.Segment >= w.Segment {
+				return []any{s}
+			}
+		}
+		return nil
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(registerInput), output.(registerOutput)
+		if !in.Write {
+			return fmt.Sprintf("read -> fence %d seg %d", out.Read.Fence, out.Read.Segment)
+		}
+		return fmt.Sprintf("write fence %d seg %d -> %d", in.Value.Fence, in.Value.Segment, out.Outcome)
+	},
+}).ToModel()
+
+// check runs the linearizability check on the schedule's history. Reads that
+// were never answered constrain nothing and are left out; writes that were
+// never answered stay open to the end (they may have taken effect).
+func (h *history) check(w *world) {
+	ops := make([]porcupine.Operation, 0, len(h.ops))
+	for i, op := range h.ops {
+		if h.answered[i] {
+			ops = append(ops, op)
+			continue
+		}
+		if op.Input.(registerInput).Write {
+			op.Output = registerOutput{Outcome: outcomeUnknown}
+			op.Return = w.tick + 1
+			ops = append(ops, op)
+		}
+	}
+	switch porcupine.CheckOperationsTimeout(registerModel, ops, 20*time.Second) {
+	case porcupine.Ok:
+	case porcupine.Illegal:
+		w.oracle.violation(vNotLinearizable, "the %d reads and writes of the protected object are not linearizable as a fenced register", len(ops))
+	default:
+		w.res.LinearizabilityUnknown++
+		w.oracle.violation(vNotLinearizable, "the linearizability check of %d operations timed out", len(ops))
+	}
+}

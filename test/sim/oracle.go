@@ -1,0 +1,395 @@
+package sim
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// The oracle judges every write the acceptance point let through. It is
+// written from DESIGN.md's rules and keeps its own account of the lease (who
+// holds, until when), so a bug in fence.Decide, the webhook or the planner
+// shows up as a disagreement with it. Its only inputs from the system are
+// what a careful observer could see: the documents the issuer handed out,
+// when the issuer ran, the registry's holder record, and the objects written.
+type oracle struct {
+	w *world
+	// issued holds every grant document the registry issued for this
+	// resource (its exact bytes), with the signature that came with it.
+	issued map[string]issuedGrant
+	// deadlines is, for every issued grant (by digest), when its lease ends
+	// or ended by the issuer's clock.
+	deadlines map[string]time.Time
+	reg       oracleRegistry
+
+	// The fence state of the protected object, from the writes it accepted.
+	acceptedAny bool
+	lastFence   int64
+	lastDigest  string
+	lastSegment int64
+}
+
+type issuedGrant struct {
+	keyID     string
+	signature []byte
+}
+
+// oracleRegistry is the oracle's account of the registry's lease, kept by
+// DESIGN.md's rules: a grant holds for ttlSeconds from issue; a renewal that
+// reaches the issuer before the lease ends extends it to one lease from then;
+// a new issuer epoch extends the held lease to one lease from the takeover.
+// It is backed up and restored together with the registry's backend.
+type oracleRegistry struct {
+	epoch            int64  // the issuer epoch the registry state was last decided under
+	holder           string // digest of the holding grant ("" none)
+	lockGrant        string // its LockGrant
+	ttl              time.Duration
+	deadline         time.Time
+	observedRenewals int64
+}
+
+func (o oracleRegistry) clone() oracleRegistry { return o }
+
+func newOracle(w *world) *oracle {
+	return &oracle{w: w, issued: map[string]issuedGrant{}, deadlines: map[string]time.Time{}}
+}
+
+// Kinds of violation; each has its counter in Counters.
+type violationKind int
+
+const (
+	vStaleWrite violationKind = iota
+	vForgedAccepted
+	vOtherAuthAccepted
+	vAuthChangedHighest
+	vExpiredOwner
+	vSkippedSegment
+	vRegressedToken
+	vUncheckedMutation
+	vLiveness
+	vNotLinearizable
+	vSimulator
+	numViolationKinds
+)
+
+var violationNames = [...]string{"accepted stale write", "accepted forged/tampered/cross-resource grant",
+	"accepted unauthenticated write", "authentication failure changed highestFence", "accepted write from an expired owner",
+	"accepted skipped segment", "accepted regressed token", "mutation not checked", "liveness",
+	"history not linearizable", "simulator error"}
+
+// Violation is one broken rule in one schedule.
+type Violation struct {
+	Kind   string
+	Step   int
+	Detail string
+}
+
+func (o *oracle) violation(kind violationKind, format string, args ...any) {
+	res := o.w.res
+	res.Violated[kind]++
+	if len(res.Violations) < 16 {
+		res.Violations = append(res.Violations, Violation{Kind: violationNames[kind], Step: o.w.step, Detail: fmt.Sprintf(format, args...)})
+	}
+	o.w.tracef("VIOLATION %s: %s", violationNames[kind], fmt.Sprintf(format, args...))
+}
+
+// issuerRuns is called before each issuer decision: the lease rules applied
+// at this moment, to the grant the registry holds.
+func (o *oracle) issuerRuns(r *registry) {
+	now := o.w.now
+	h := r.fr.Status.Holder
+	if h == nil || h.Digest != o.reg.holder {
+		if h != nil || o.reg.holder != "" {
+			o.violation(vSimulator, "the oracle lost track of the registry's holder (registry %s, oracle %s)", holderName(h), short(o.reg.holder))
+		}
+		o.reg.epoch = r.epoch
+		return
+	}
+	if r.epoch > o.reg.epoch && o.reg.deadline.Before(r.takeoverAt.Add(o.reg.ttl)) {
+		o.reg.deadline = r.takeoverAt.Add(o.reg.ttl)
+	}
+	if lg := r.find(o.reg.lockGrant); lg != nil && lg.Spec.Renewals > o.reg.observedRenewals && now.Before(o.reg.deadline) {
+		o.reg.observedRenewals = lg.Spec.Renewals
+		if renewed := now.Add(o.reg.ttl); renewed.After(o.reg.deadline) { // a renewal never shortens a lease
+			o.reg.deadline = renewed
+		}
+	}
+	o.reg.epoch = r.epoch
+	o.deadlines[o.reg.holder] = o.reg.deadline
+}
+
+// grantIssued records a grant the registry just handed out: the document as its
+// holder receives it (LockGrant status) and its lease.
+func (o *oracle) grantIssued(r *registry, h *locksv1.Holder) {
+	lg := r.find(h.GrantName)
+	if lg == nil || lg.Status.Grant == nil {
+		o.violation(vSimulator, "holder %s has no issued LockGrant status", h.GrantName)
+		return
+	}
+	g := lg.Status.Grant.ToGrant()
+	doc := g.Canonical()
+	digest := digestOf(doc)
+	keyID, sig, ok := parseProof(lg.Status.Proof)
+	if !ok || digest != h.Digest || digest != lg.Status.Digest {
+		o.violation(vSimulator, "issued grant of %s is inconsistent (digest %s, holder %s, proof %q)", h.GrantName, short(digest), short(h.Digest), lg.Status.Proof)
+		return
+	}
+	o.issued[string(doc)] = issuedGrant{keyID: keyID, signature: sig}
+	o.w.adv.sawIssued(g, lg.Status.Proof)
+	ttl := time.Duration(g.TTLSeconds) * time.Second
+	o.reg = oracleRegistry{epoch: r.epoch, holder: digest, lockGrant: h.GrantName, ttl: ttl,
+		deadline: o.w.now.Add(ttl), observedRenewals: lg.Spec.Renewals}
+	o.deadlines[digest] = o.reg.deadline
+}
+
+// decided is called after each issuer decision.
+func (o *oracle) decided(r *registry) {
+	h := r.fr.Status.Holder
+	switch {
+	case h == nil:
+		o.reg.holder = ""
+	case h.Digest != o.reg.holder:
+		o.grantIssued(r, h)
+	}
+	o.reg.epoch = r.epoch
+}
+
+// restored follows a registry restore: the holder's lease is what it was
+// when the backup was taken.
+func (o *oracle) restored(s oracleRegistry) {
+	o.reg = s.clone()
+	if o.reg.holder != "" {
+		o.deadlines[o.reg.holder] = o.reg.deadline
+	}
+}
+
+// authClass is the oracle's own judgement of a write's authentication.
+type authClass int
+
+const (
+	authOK authClass = iota
+	authUnfenced
+	authMalformed
+	authForged
+	authCrossResource
+	authWrongOwner
+	authRevoked
+	authPayload
+)
+
+var authNames = [...]string{"authenticated", "no fresh fence annotation", "malformed or oversized fence annotation",
+	"forged or tampered grant", "grant of another resource", "grant of another owner", "grant of a revoked issuer epoch",
+	"payload is not the digest of the content"}
+
+// judgeWrite judges one write the acceptance point decided. committed says
+// whether it changed the stored object.
+func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed bool, verdict fence.Verdict) {
+	if old != nil && sameObject(old, obj) {
+		return // changes nothing: not a mutation
+	}
+	res := o.w.res
+	res.Attempts++
+	e, class := o.authenticate(req.user, old, obj)
+	if class != authOK {
+		res.AuthFailures++
+	}
+	if class == authForged || class == authCrossResource || class == authMalformed {
+		res.ForgedAttempts++
+	}
+	if !committed {
+		return
+	}
+	res.Mutations++
+	what := o.w.describeWrite(obj) + " by " + req.user
+	if verdict == fence.Accepted {
+		res.CheckedMutations++
+	} else {
+		o.violation(vUncheckedMutation, "%s was written with verdict %q", what, verdict)
+	}
+	if class != authOK {
+		switch class {
+		case authForged, authCrossResource, authMalformed:
+			o.violation(vForgedAccepted, "%s accepted: %s", what, authNames[class])
+		default:
+			o.violation(vOtherAuthAccepted, "%s accepted: %s", what, authNames[class])
+		}
+		if o.w.fenceOf(old) != o.w.fenceOf(obj) {
+			o.violation(vAuthChangedHighest, "%s moved the object's fence from %d to %d", what, o.w.fenceOf(old), o.w.fenceOf(obj))
+		}
+		o.recordAccepted(e)
+		return
+	}
+
+	// An authenticated write: the grant must be the registry's current one.
+	now := o.w.now
+	r := o.w.reg
+	h := r.fr.Status.Holder
+	switch {
+	case !now.Before(o.deadlines[e.digest]):
+		o.violation(vExpiredOwner, "%s accepted at +%s; its lease ended at +%s", what, now.Sub(simStart), o.deadlines[e.digest].Sub(simStart))
+		o.violation(vStaleWrite, "%s accepted from an expired owner", what)
+	case h == nil || h.Digest != e.digest || o.reg.holder != e.digest:
+		o.violation(vStaleWrite, "%s accepted while the registry's holder is %s", what, holderName(h))
+	case e.grant.PolicyGeneration != r.fr.Generation:
+		o.violation(vStaleWrite, "%s accepted with policy generation %d; the FencedResource is at %d", what, e.grant.PolicyGeneration, r.fr.Generation)
+	}
+	// The fence rules, against what the object accepted before.
+	f, seg := e.grant.FenceToken, e.Segment
+	switch {
+	case !o.acceptedAny:
+		if seg != 1 {
+			o.violation(vSkippedSegment, "%s accepted as the object's first write", what)
+		}
+	case f < o.lastFence:
+		o.violation(vRegressedToken, "%s accepted after fence %d", what, o.lastFence)
+	case f == o.lastFence && e.digest != o.lastDigest:
+		o.violation(vRegressedToken, "%s accepted: fence %d already belongs to grant %s", what, f, short(o.lastDigest))
+	case f == o.lastFence && seg != o.lastSegment+1:
+		o.violation(vSkippedSegment, "%s accepted after segment %d", what, o.lastSegment)
+	case f > o.lastFence && seg != 1:
+		o.violation(vSkippedSegment, "%s accepted as the first segment of fence %d", what, f)
+	}
+	o.recordAccepted(e)
+	res.Commits++
+}
+
+func (o *oracle) recordAccepted(e *oracleEnvelope) {
+	if e == nil {
+		return
+	}
+	o.acceptedAny = true
+	o.lastFence, o.lastDigest, o.lastSegment = e.grant.FenceToken, e.digest, e.Segment
+}
+
+// authenticate applies DESIGN.md's authentication list to a write.
+func (o *oracle) authenticate(user string, old, obj map[string]any) (*oracleEnvelope, authClass) {
+	raw := annotations(obj)[fence.AnnotationFence]
+	if raw == "" || (old != nil && raw == annotations(old)[fence.AnnotationFence]) {
+		return nil, authUnfenced
+	}
+	if len(raw) > fence.MaxFenceAnnotationBytes {
+		return nil, authMalformed
+	}
+	e, err := o.w.readEnvelope(raw)
+	if err != nil || e.Segment < 1 {
+		return nil, authMalformed
+	}
+	issued, ok := o.issued[string(e.Grant)]
+	keyID, sig, proofOK := parseProof(e.Proof)
+	switch {
+	case e.grant.Resource != resourceID:
+		return &e, authCrossResource
+	case !ok || !proofOK || keyID != issued.keyID || !bytes.Equal(sig, issued.signature):
+		return &e, authForged
+	case user != e.grant.Owner:
+		return &e, authWrongOwner
+	case e.grant.IssuerEpoch < o.w.reg.revokedBelow:
+		return &e, authRevoked
+	case e.Payload != contentDigest(obj):
+		return &e, authPayload
+	}
+	return &e, authOK
+}
+
+// oracleEnvelope is the fence annotation as the oracle reads it.
+type oracleEnvelope struct {
+	Grant     json.RawMessage `json:"grant"`
+	Proof     string          `json:"proof"`
+	Operation string          `json:"operation"`
+	Segment   int64           `json:"segment"`
+	Payload   string          `json:"payload"`
+
+	grant  oracleGrant
+	digest string // of the grant document's bytes
+}
+
+type oracleGrant struct {
+	Resource         string `json:"resource"`
+	Owner            string `json:"owner"`
+	FenceToken       int64  `json:"fenceToken"`
+	OperationRoot    string `json:"operationRoot"`
+	PolicyGeneration int64  `json:"policyGeneration"`
+	IssuerEpoch      int64  `json:"issuerEpoch"`
+}
+
+// readEnvelope parses a fence annotation loosely (any JSON of the right
+// shape), remembering the answer: the same annotation is read many times.
+func (w *world) readEnvelope(s string) (oracleEnvelope, error) {
+	if r, ok := w.envelopes[s]; ok {
+		return r.e, r.err
+	}
+	var e oracleEnvelope
+	err := json.Unmarshal([]byte(s), &e)
+	if err == nil {
+		err = json.Unmarshal(e.Grant, &e.grant)
+	}
+	if err == nil {
+		e.digest = digestOf(e.Grant)
+	}
+	if len(w.envelopes) > 512 {
+		clear(w.envelopes)
+	}
+	w.envelopes[s] = parsedEnvelope{e, err}
+	return e, err
+}
+
+type parsedEnvelope struct {
+	e   oracleEnvelope
+	err error
+}
+
+// fenceOf is the fence of the object's fence annotation (0 when none).
+func (w *world) fenceOf(obj map[string]any) int64 {
+	if obj == nil {
+		return 0
+	}
+	e, err := w.readEnvelope(annotations(obj)[fence.AnnotationFence])
+	if err != nil {
+		return 0
+	}
+	return e.grant.FenceToken
+}
+
+// parseProof splits "ed25519:<keyID>:<base64 signature>".
+func parseProof(p string) (string, []byte, bool) {
+	parts := strings.SplitN(p, ":", 3)
+	if len(parts) != 3 || parts[0] != "ed25519" {
+		return "", nil, false
+	}
+	sig, err := base64.StdEncoding.DecodeString(parts[2])
+	return parts[1], sig, err == nil
+}
+
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// contentDigest is DESIGN.md's payload digest of a ConfigMap: the canonical
+// JSON (compact, sorted keys, no HTML escaping) of {"binaryData","data"}
+// without empty members.
+func contentDigest(obj map[string]any) string {
+	p := map[string]any{}
+	for _, k := range []string{"data", "binaryData"} {
+		if m, ok := obj[k].(map[string]any); ok && len(m) > 0 {
+			p[k] = m
+		}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(p); err != nil {
+		panic(err)
+	}
+	return digestOf(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,390 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// issuerKey is the registry's signing key. Every schedule uses the same one;
+// a Signer is safe for concurrent use.
+var issuerKey = sync.OnceValue(func() *grant.Signer {
+	s, err := grant.NewSigner("fencekeeper-sim", bytes.Repeat([]byte{0x5e}, 32))
+	if err != nil {
+		panic(err)
+	}
+	return s
+})
+
+// registry is the in-memory API server of the lock objects — the
+// FencedResource, its LockGrants, the trust bundle — and the issuer that
+// decides with the real planner (controllers.Plan) whenever something changed,
+// as the reconciler does on a watch event or its requeue.
+type registry struct {
+	w      *world
+	fr     locksv1.FencedResource
+	grants []locksv1.LockGrant
+	rv     int64 // the backend's revision counter
+	uids   int
+
+	signer       *grant.Signer
+	epoch        int64     // the issuer's epoch
+	takeoverAt   time.Time // when it began
+	revokedBelow int64     // trust bundle revokedBelowEpoch
+	bundleRV     int64
+	bundleData   map[string]string
+
+	requeueAt    time.Time // the reconciler's RequeueAfter
+	outageUntil  time.Time // no leader until then; a new epoch takes over after
+	operatorDue  time.Time // when the human operator answers a FenceRegression condition
+	snapshots    []snapshot
+	lastSnapshot time.Time
+	holder       string // digest of the holder after the last decision
+}
+
+// snapshot is a backup of the registry's backend (and the oracle's view of
+// it, so that the oracle follows a restore exactly as the backend does).
+type snapshot struct {
+	at     time.Time
+	fr     *locksv1.FencedResource
+	grants []locksv1.LockGrant
+	oracle oracleRegistry
+}
+
+func newRegistry(w *world) *registry {
+	r := &registry{w: w, signer: issuerKey(), epoch: 1, takeoverAt: w.now, lastSnapshot: w.now}
+	r.fr = locksv1.FencedResource{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: resourceName, UID: "fr-uid", Generation: 1},
+		Spec: locksv1.FencedResourceSpec{
+			ResourceID:           resourceID,
+			Target:               &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: objectName},
+			LeaseDurationSeconds: leaseSeconds,
+			Enforcement:          locksv1.EnforcementEnforce,
+		},
+	}
+	r.frWritten()
+	r.bundleChanged()
+	return r
+}
+
+func (r *registry) revision() string {
+	r.rv++
+	return strconv.FormatInt(r.rv, 10)
+}
+
+func (r *registry) frWritten() { r.fr.ResourceVersion = r.revision() }
+
+func (r *registry) bundleChanged() {
+	r.revision()
+	r.bundleRV = r.rv
+	r.bundleData = grant.NewTrustBundle(r.revokedBelow, r.signer).Data()
+}
+
+func (r *registry) find(name string) *locksv1.LockGrant {
+	for i := range r.grants {
+		if r.grants[i].Name == name {
+			return &r.grants[i]
+		}
+	}
+	return nil
+}
+
+// serve answers a client's LockGrant request.
+func (r *registry) serve(req *request) *reply {
+	rp := &reply{req: req}
+	switch req.kind {
+	case reqCreateGrant:
+		name := lockclient.GrantName(req.spec.Resource, req.spec.RequestID)
+		if r.find(name) != nil {
+			rp.status = replyAlreadyExists
+			break
+		}
+		r.uids++
+		r.grants = append(r.grants, locksv1.LockGrant{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID(fmt.Sprintf("lg-%d", r.uids)),
+				ResourceVersion: r.revision(), CreationTimestamp: metav1.NewTime(r.w.now.Truncate(time.Second))},
+			Spec: req.spec,
+		})
+		r.w.tracef("registry: LockGrant %s created for %s", name, req.user)
+		r.reconcile()
+		rp.grant = r.find(name).DeepCopy()
+	case reqGetGrant:
+		if lg := r.find(req.grantName); lg != nil {
+			rp.grant = lg.DeepCopy()
+		} else {
+			rp.status = replyNotFound
+		}
+	case reqRenew, reqRelease:
+		lg := r.find(req.grantName)
+		if lg == nil {
+			rp.status = replyNotFound
+			break
+		}
+		switch {
+		case req.kind == reqRenew && req.renewals > lg.Spec.Renewals: // spec.renewals may only grow
+			lg.Spec.Renewals = req.renewals
+		case req.kind == reqRelease && !lg.Spec.Release:
+			lg.Spec.Release = true
+		default:
+			rp.grant = lg.DeepCopy()
+			return rp // nothing to change
+		}
+		lg.ResourceVersion = r.revision()
+		r.w.tracef("registry: %s %s (renewals %d, release %t)", req.kind, lg.Name, lg.Spec.Renewals, lg.Spec.Release)
+		r.reconcile()
+		if lg = r.find(req.grantName); lg != nil {
+			rp.grant = lg.DeepCopy()
+		}
+	}
+	return rp
+}
+
+// reconcile is one run of the issuer: the real planner decides, and its
+// decision is written as the reconciler writes it (status first, then the
+// LockGrant statuses in the planner's order).
+func (r *registry) reconcile() {
+	if !r.outageUntil.IsZero() {
+		return // no leader: nothing is decided until the next epoch takes over
+	}
+	w := r.w
+	w.oracle.issuerRuns(r)
+	res, err := controllers.Plan(controllers.PlanInput{
+		FencedResource: &r.fr, Grants: r.grants, Now: w.now,
+		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
+	})
+	if err != nil {
+		w.oracle.violation(vSimulator, "the planner failed: %v", err)
+		return
+	}
+	if res.Superseded {
+		return
+	}
+	if res.StatusChanged {
+		r.fr.Status = res.Status
+		r.frWritten()
+	}
+	for _, u := range res.GrantStatus {
+		if lg := r.find(u.Name); lg != nil {
+			lg.Status = u.Status
+			lg.ResourceVersion = r.revision()
+		}
+	}
+	for _, name := range res.AddFinalizer {
+		if lg := r.find(name); lg != nil && !slices.Contains(lg.Finalizers, locksv1.GrantFinalizer) {
+			lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer)
+		}
+	}
+	for _, name := range res.RemoveFinalizer {
+		if lg := r.find(name); lg != nil {
+			lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
+		}
+	}
+	r.requeueAt = time.Time{}
+	if res.RequeueAfter > 0 {
+		r.requeueAt = w.now.Add(res.RequeueAfter)
+	}
+	w.oracle.decided(r)
+	digest := ""
+	if h := r.fr.Status.Holder; h != nil {
+		digest = h.Digest
+	}
+	if digest != r.holder {
+		if h := r.fr.Status.Holder; h != nil {
+			w.tracef("registry: fence %d issued to %s (LockGrant %s, grant %s, epoch %d, expires +%s)", h.FenceToken, h.Owner, h.GrantName,
+				short(h.Digest), h.IssuerEpoch, h.ExpiresAt.Sub(simStart).Truncate(time.Millisecond))
+			w.res.GrantsIssued++
+		} else {
+			w.tracef("registry: no holder (fence token %d)", r.fr.Status.FenceToken)
+		}
+		r.holder = digest
+	}
+}
+
+// clockAdvanced runs what the passing of time triggers: a new leader after an
+// outage, the reconciler's requeue, the operator, the periodic backup.
+func (r *registry) clockAdvanced() {
+	now := r.w.now
+	if !r.outageUntil.IsZero() && !now.Before(r.outageUntil) {
+		r.takeOver()
+	}
+	if !r.requeueAt.IsZero() && !now.Before(r.requeueAt) {
+		r.reconcile()
+	}
+	if !r.operatorDue.IsZero() && !now.Before(r.operatorDue) {
+		r.operatorDue = time.Time{}
+		r.raiseFloorToObserved()
+	}
+	if now.Sub(r.lastSnapshot) >= snapshotEvery {
+		r.takeSnapshot()
+	}
+}
+
+func (r *registry) nextEvent() time.Time {
+	next := time.Time{}
+	for _, t := range []time.Time{r.requeueAt, r.outageUntil, r.operatorDue} {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	return next
+}
+
+// takeOver starts a new issuer epoch (a new leader), above any revoked one.
+func (r *registry) takeOver() {
+	r.outageUntil = time.Time{}
+	r.epoch = max(r.epoch+1, r.revokedBelow)
+	r.takeoverAt = r.w.now
+	r.w.tracef("registry: issuer epoch %d takes over", r.epoch)
+	r.reconcile()
+}
+
+// outage stops the issuer for d; then a new epoch takes over.
+func (r *registry) outage(d time.Duration) {
+	if r.outageUntil.IsZero() {
+		r.outageUntil = r.w.now.Add(d)
+	}
+}
+
+// revokeEpoch revokes every grant of the current issuer epoch through the
+// trust bundle, as an operator rotating a compromised issuer does; the next
+// leader then issues under a new epoch.
+func (r *registry) revokeEpoch(d time.Duration) {
+	r.revokedBelow = r.epoch + 1
+	r.bundleChanged()
+	r.w.tracef("registry: trust bundle revokedBelowEpoch=%d", r.revokedBelow)
+	r.reconcile()
+	r.outage(d)
+}
+
+// changeSpec applies a spec change (the generation grows).
+func (r *registry) changeSpec(change func(*locksv1.FencedResourceSpec)) {
+	change(&r.fr.Spec)
+	r.fr.Generation++
+	r.frWritten()
+	r.reconcile()
+}
+
+// record is the webhook's StatusRecorder writing an observation (a
+// compare-and-swap on the FencedResource status).
+func (r *registry) record(o observation) {
+	st := &r.fr.Status
+	changed := false
+	if o.highest > st.HighestObservedFence {
+		st.HighestObservedFence, changed = o.highest, true
+	}
+	if o.regression != "" {
+		changed = meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: locksv1.ConditionFenceRegression,
+			Status: metav1.ConditionTrue, Reason: locksv1.ReasonRegressionFound, Message: o.regression, ObservedGeneration: r.fr.Generation}) || changed
+	}
+	if !changed {
+		return
+	}
+	r.w.tracef("registry: webhook observation recorded (highestObservedFence %d%s)", st.HighestObservedFence, map[bool]string{true: ", FenceRegression"}[o.regression != ""])
+	r.frWritten()
+	r.reconcile()
+	if meta.IsStatusConditionTrue(r.fr.Status.Conditions, locksv1.ConditionFenceRegression) &&
+		r.fr.Spec.FenceFloor < r.fr.Status.HighestObservedFence && r.operatorDue.IsZero() {
+		r.operatorDue = r.w.now.Add(time.Duration(1+r.w.rng.IntN(5)) * time.Second)
+	}
+}
+
+// raiseFloorToObserved is the documented recovery from a fence regression:
+// the operator raises spec.fenceFloor to the highest fence seen at the target.
+func (r *registry) raiseFloorToObserved() {
+	if floor := r.fr.Status.HighestObservedFence; floor > r.fr.Spec.FenceFloor {
+		r.w.tracef("operator: spec.fenceFloor %d -> %d (FenceRegression)", r.fr.Spec.FenceFloor, floor)
+		r.changeSpec(func(s *locksv1.FencedResourceSpec) { s.FenceFloor = floor })
+	}
+}
+
+// heal ends an issuer outage at once: the faults have stopped.
+func (r *registry) heal() {
+	if !r.outageUntil.IsZero() || r.epoch < r.revokedBelow {
+		r.takeOver()
+	}
+}
+
+func (r *registry) takeSnapshot() {
+	s := snapshot{at: r.w.now, fr: r.fr.DeepCopy(), oracle: r.w.oracle.reg.clone()}
+	for i := range r.grants {
+		s.grants = append(s.grants, *r.grants[i].DeepCopy())
+	}
+	r.snapshots = append(r.snapshots, s)
+	if len(r.snapshots) > 4 {
+		r.snapshots = r.snapshots[1:]
+	}
+	r.lastSnapshot = r.w.now
+}
+
+// restore puts an old backup back: the FencedResource (fence token, holder,
+// spec) and the LockGrants go back in time; the issuer process, the trust
+// bundle and the protected object do not.
+func (r *registry) restore(s snapshot) {
+	r.fr = *s.fr.DeepCopy()
+	r.frWritten()
+	r.grants = r.grants[:0:0]
+	for i := range s.grants {
+		lg := *s.grants[i].DeepCopy()
+		lg.ResourceVersion = r.revision()
+		r.grants = append(r.grants, lg)
+	}
+	r.w.oracle.restored(s.oracle)
+	r.holder = ""
+	if h := r.fr.Status.Holder; h != nil {
+		r.holder = h.Digest
+	}
+	r.w.tracef("registry: backup of +%s restored (fence token %d, holder %s)", s.at.Sub(simStart).Truncate(time.Millisecond),
+		r.fr.Status.FenceToken, holderName(r.fr.Status.Holder))
+	r.reconcile()
+}
+
+func holderName(h *locksv1.Holder) string {
+	if h == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s@fence %d", h.Owner, h.FenceToken)
+}
+
+// apiReader serves the webhook's reads: the FencedResource (its linearizable
+// GET) and the trust-bundle ConfigMap.
+type apiReader struct{ r *registry }
+
+var _ client.Reader = apiReader{}
+
+func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	switch o := obj.(type) {
+	case *locksv1.FencedResource:
+		if key.Namespace == a.r.fr.Namespace && key.Name == a.r.fr.Name {
+			a.r.fr.DeepCopyInto(o)
+			return nil
+		}
+	case *corev1.ConfigMap:
+		if key.Namespace == controllers.DefaultNamespace && key.Name == controllers.TrustBundleConfig {
+			*o = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
+				ResourceVersion: strconv.FormatInt(a.r.bundleRV, 10)}, Data: a.r.bundleData}
+			return nil
+		}
+	}
+	return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
+}
+
+func (a apiReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return fmt.Errorf("the simulated API server serves no lists")
+}

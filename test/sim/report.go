@@ -1,0 +1,141 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// unknownBudget is the source design's bound on settling an UNKNOWN outcome.
+const unknownBudget = 15 * time.Minute
+
+// Gate is one row of the release-gate table.
+type Gate struct {
+	Name     string
+	Bar      string
+	Measured string
+	Pass     bool
+	// NotApplicable marks a gate the simulator cannot measure.
+	NotApplicable bool
+}
+
+// Gates evaluates the source design's release gates on the counters.
+func (c *Counters) Gates() []Gate {
+	zero := func(name string, kind violationKind, of string) Gate {
+		n := c.Violated[kind]
+		m := fmt.Sprint(n)
+		if of != "" {
+			m += " (of " + of + ")"
+		}
+		return Gate{Name: name, Bar: "0", Measured: m, Pass: n == 0}
+	}
+	coverage := 100.0
+	if c.Mutations > 0 {
+		coverage = 100 * float64(c.CheckedMutations) / float64(c.Mutations)
+	}
+	settled := c.UnknownApplied + c.UnknownAbsent + c.UnknownUndetermined
+	return []Gate{
+		zero(fmt.Sprintf("Accepted stale writes across %s scheduling tests", thousands(c.Schedules)), vStaleWrite,
+			thousands(c.Commits)+" authenticated segments written"),
+		zero("Accepted forged / tampered / cross-resource grants", vForgedAccepted, thousands(c.ForgedAttempts)+" such attempts"),
+		zero("Authentication failures that changed highestFence", vAuthChangedHighest, thousands(c.AuthFailures)+" authentication failures"),
+		zero("Accepted writes from expired owners", vExpiredOwner, ""),
+		zero("Skipped segment numbers accepted", vSkippedSegment, ""),
+		zero("Regressed tokens accepted (lower fence, or a fence reused by another grant)", vRegressedToken, ""),
+		{Name: "Protected mutations through grant authentication and fence checks", Bar: "100 %",
+			Measured: fmt.Sprintf("%.3f %% (%s of %s)", coverage, thousands(c.CheckedMutations), thousands(c.Mutations)),
+			Pass:     c.CheckedMutations == c.Mutations && c.Violated[vUncheckedMutation] == 0},
+		{Name: "Lock-handoff p99 below budget", Bar: "budget",
+			Measured: "not measured here: the clock is virtual; make bench measures it on the real control plane", NotApplicable: true},
+		{Name: "UNKNOWN outcomes reconciled within 15 minutes", Bar: "≤ 15 min",
+			Measured: fmt.Sprintf("%s of %s settled from receipts (%s applied, %s proven absent, %s flagged ReconciliationRequired); longest %s",
+				thousands(settled), thousands(c.UnknownOutcomes), thousands(c.UnknownApplied), thousands(c.UnknownAbsent),
+				thousands(c.UnknownUndetermined), c.MaxUnknownResolution.Truncate(time.Millisecond)),
+			Pass: settled == c.UnknownOutcomes && c.UnknownUnsettled == 0 && c.MaxUnknownResolution <= unknownBudget},
+		zero("Other unauthenticated writes accepted (wrong owner, revoked epoch, payload, no fresh fence)", vOtherAuthAccepted, ""),
+		{Name: "Liveness: a correct owner commits once the faults stop", Bar: "every schedule",
+			Measured: fmt.Sprintf("%s of %s", thousands(c.Schedules-c.Violated[vLiveness]), thousands(c.Schedules)), Pass: c.Violated[vLiveness] == 0},
+		{Name: "Client-observed history linearizable as a fenced register (porcupine)", Bar: "every schedule",
+			Measured: fmt.Sprintf("%s of %s", thousands(c.Schedules-c.Violated[vNotLinearizable]), thousands(c.Schedules)), Pass: c.Violated[vNotLinearizable] == 0},
+		zero("Simulator errors (panics, planner errors, lost track)", vSimulator, ""),
+	}
+}
+
+// Passed reports whether every applicable gate passed.
+func (c *Counters) Passed() bool {
+	for _, g := range c.Gates() {
+		if !g.Pass && !g.NotApplicable {
+			return false
+		}
+	}
+	return true
+}
+
+// GateTable renders the gates as a table.
+func (c *Counters) GateTable() string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RELEASE GATE (source design)\tBAR\tMEASURED\tRESULT")
+	for _, g := range c.Gates() {
+		result := "PASS"
+		switch {
+		case g.NotApplicable:
+			result = "n/a"
+		case !g.Pass:
+			result = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Name, g.Bar, g.Measured, result)
+	}
+	tw.Flush()
+	return b.String()
+}
+
+// FaultMatrix renders, for every fault, how often it was injected and the
+// verdicts of the writes it produced.
+func (c *Counters) FaultMatrix() string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "FAULT\tINJECTED\tVERDICTS OF THE WRITES IT PRODUCED")
+	for f := range numFaults {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", f, thousands(c.Faults[f]), verdictList(c.FaultVerdicts[f]))
+	}
+	tw.Flush()
+	return b.String()
+}
+
+// VerdictSummary lists every verdict the acceptance point returned.
+func (c *Counters) VerdictSummary() string { return verdictList(c.Verdicts) }
+
+func verdictList(m map[fence.Verdict]int64) string {
+	if len(m) == 0 {
+		return "(lock-side fault: no writes of its own)"
+	}
+	vs := slices.Collect(maps.Keys(m))
+	slices.SortFunc(vs, func(a, b fence.Verdict) int { return cmp.Or(cmp.Compare(m[b], m[a]), cmp.Compare(a, b)) })
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = fmt.Sprintf("%s %s", v, thousands(m[v]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return s
+	}
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}

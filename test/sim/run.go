@@ -1,0 +1,264 @@
+package sim
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+func init() {
+	// The webhook and planner log through controller-runtime; the simulator
+	// reports through its trace.
+	ctrl.SetLogger(logr.Discard())
+}
+
+// Config shapes the schedules of a run. The zero value is the release-gate
+// configuration: the real acceptance point, every fault.
+type Config struct {
+	// Faults are the faults schedules draw from; nil means all of them.
+	Faults []Fault
+	// Suppress lists faults that are drawn as usual but not applied; the
+	// minimizer uses it to find which faults a failure needs.
+	Suppress []Fault
+	// Acceptance wraps the acceptance point (the real webhook). Tests use it
+	// to break a rule on purpose and show that the oracle notices.
+	Acceptance func(AcceptFunc) AcceptFunc
+	// Trace records one line per event (slow: for replaying a seed).
+	Trace bool
+	// StopAtFirstViolation ends a schedule at its first violation.
+	StopAtFirstViolation bool
+}
+
+// Counters are what one or more schedules counted.
+type Counters struct {
+	Schedules int64
+	// Violated counts violations by kind (see violationNames).
+	Violated [numViolationKinds]int64
+
+	Attempts         int64 // mutations the acceptance point decided
+	AuthFailures     int64 // of those, the ones the oracle judged unauthenticated
+	ForgedAttempts   int64 // of those, forged, tampered, malformed or cross-resource
+	Mutations        int64 // mutations written to the protected object
+	CheckedMutations int64 // of those, written with an ACCEPTED verdict
+	Commits          int64 // authenticated segments written
+	GrantsIssued     int64
+	JobsDone         int64
+	JobsAbandoned    int64
+
+	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
+	UnknownApplied       int64
+	UnknownAbsent        int64
+	UnknownUndetermined  int64 // flagged ReconciliationRequired
+	UnknownUnsettled     int64 // still unknown when the schedule ended
+	MaxUnknownResolution time.Duration
+
+	LinearizabilityUnknown int64
+
+	Faults        [numFaults]int64
+	Verdicts      map[fence.Verdict]int64
+	FaultVerdicts [numFaults]map[fence.Verdict]int64
+
+	Steps       int64
+	VirtualTime time.Duration
+}
+
+func (c *Counters) init() {
+	c.Verdicts = map[fence.Verdict]int64{}
+	for i := range c.FaultVerdicts {
+		c.FaultVerdicts[i] = map[fence.Verdict]int64{}
+	}
+}
+
+func (c *Counters) countVerdict(v fence.Verdict, f Fault) {
+	c.Verdicts[v]++
+	if f >= 0 && f < numFaults {
+		c.FaultVerdicts[f][v]++
+	}
+}
+
+// countRefusal counts, for a fault's write, an answer the apiserver gave
+// before admission (a failed resourceVersion precondition, say).
+func (c *Counters) countRefusal(s replyStatus, f Fault) {
+	if f >= 0 && f < numFaults {
+		c.FaultVerdicts[f][fence.Verdict("("+s.String()+")")]++
+	}
+}
+
+func (c *Counters) add(o *Counters) {
+	c.Schedules += o.Schedules
+	for i := range c.Violated {
+		c.Violated[i] += o.Violated[i]
+	}
+	c.Attempts += o.Attempts
+	c.AuthFailures += o.AuthFailures
+	c.ForgedAttempts += o.ForgedAttempts
+	c.Mutations += o.Mutations
+	c.CheckedMutations += o.CheckedMutations
+	c.Commits += o.Commits
+	c.GrantsIssued += o.GrantsIssued
+	c.JobsDone += o.JobsDone
+	c.JobsAbandoned += o.JobsAbandoned
+	c.UnknownOutcomes += o.UnknownOutcomes
+	c.UnknownApplied += o.UnknownApplied
+	c.UnknownAbsent += o.UnknownAbsent
+	c.UnknownUndetermined += o.UnknownUndetermined
+	c.UnknownUnsettled += o.UnknownUnsettled
+	c.MaxUnknownResolution = max(c.MaxUnknownResolution, o.MaxUnknownResolution)
+	c.LinearizabilityUnknown += o.LinearizabilityUnknown
+	for i := range c.Faults {
+		c.Faults[i] += o.Faults[i]
+		for v, n := range o.FaultVerdicts[i] {
+			c.FaultVerdicts[i][v] += n
+		}
+	}
+	for v, n := range o.Verdicts {
+		c.Verdicts[v] += n
+	}
+	c.Steps += o.Steps
+	c.VirtualTime += o.VirtualTime
+}
+
+// TotalViolations is the number of violations of every kind.
+func (c *Counters) TotalViolations() int64 {
+	var n int64
+	for _, v := range c.Violated {
+		n += v
+	}
+	return n
+}
+
+// Result is one schedule's outcome.
+type Result struct {
+	Seed uint64
+	Counters
+	Violations []Violation // the first few
+	Trace      []string    // with Config.Trace
+}
+
+// Failed reports whether the schedule broke any rule.
+func (r *Result) Failed() bool { return r.TotalViolations() > 0 }
+
+// RunSchedule plays the schedule with the given seed. A panic anywhere in the
+// system under test is a failure of the schedule, not of the run.
+func RunSchedule(seed uint64, cfg Config) (res *Result) {
+	w := newWorld(seed, cfg)
+	defer func() {
+		if p := recover(); p != nil {
+			w.oracle.violation(vSimulator, "panic: %v\n%s", p, debug.Stack())
+			res = w.res
+			res.Schedules = 1
+		}
+	}()
+	return w.run()
+}
+
+// Report sums a run of many schedules.
+type Report struct {
+	Counters
+	BaseSeed uint64
+	Parallel int
+	Elapsed  time.Duration
+	// Failed are the first failing schedules (without traces); FailedCount all of them.
+	Failed      []*Result
+	FailedCount int
+}
+
+// Run plays n schedules, seeds base … base+n-1, on parallel goroutines
+// (GOMAXPROCS when parallel < 1). done, when not nil, counts finished schedules.
+func Run(base uint64, n, parallel int, cfg Config, done *atomic.Int64) *Report {
+	if parallel < 1 {
+		parallel = runtime.GOMAXPROCS(0)
+	}
+	start := time.Now()
+	rep := &Report{BaseSeed: base, Parallel: parallel}
+	rep.init()
+	var next atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Go(func() {
+			var sum Counters
+			sum.init()
+			var failed []*Result
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					break
+				}
+				res := RunSchedule(base+uint64(i), cfg)
+				sum.add(&res.Counters)
+				if res.Failed() {
+					res.Trace = nil
+					failed = append(failed, res)
+				}
+				if done != nil {
+					done.Add(1)
+				}
+			}
+			mu.Lock()
+			rep.add(&sum)
+			rep.FailedCount += len(failed)
+			rep.Failed = append(rep.Failed, failed...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(rep.Failed, func(a, b *Result) int { return cmpSeed(a.Seed, b.Seed) })
+	if len(rep.Failed) > 20 {
+		rep.Failed = rep.Failed[:20]
+	}
+	rep.Elapsed = time.Since(start)
+	return rep
+}
+
+func cmpSeed(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Minimize replays a failing schedule up to its first violation and drops,
+// one at a time, every fault the failure does not need. It returns the
+// smallest failing replay (with its trace) and the faults it suppressed.
+func Minimize(seed uint64, cfg Config) (*Result, []Fault) {
+	cfg.StopAtFirstViolation, cfg.Trace = true, false
+	first := RunSchedule(seed, cfg)
+	if !first.Failed() {
+		return first, nil
+	}
+	suppressed := slices.Clone(cfg.Suppress)
+	for f := range numFaults {
+		if first.Faults[f] == 0 || slices.Contains(suppressed, f) {
+			continue
+		}
+		try := cfg
+		try.Suppress = append(slices.Clone(suppressed), f)
+		if RunSchedule(seed, try).Failed() {
+			suppressed = try.Suppress
+		}
+	}
+	cfg.Suppress, cfg.Trace = suppressed, true
+	return RunSchedule(seed, cfg), suppressed
+}
+
+// Describe lists a result's violations.
+func (r *Result) Describe() string {
+	s := fmt.Sprintf("seed %d: %d violation(s)", r.Seed, r.TotalViolations())
+	for _, v := range r.Violations {
+		s += fmt.Sprintf("\n  step %d: %s: %s", v.Step, v.Kind, v.Detail)
+	}
+	return s
+}

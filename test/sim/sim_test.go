@@ -1,0 +1,169 @@
+package sim
+
+import (
+	"context"
+	"flag"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/anishathalye/porcupine"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+var (
+	gateSchedules = flag.Int("sim.schedules", 10_000, "schedules TestReleaseGates plays (make gates plays 100,000)")
+	gateBaseSeed  = flag.Uint64("sim.base-seed", 1, "seed of TestReleaseGates's first schedule")
+)
+
+func TestMain(m *testing.M) {
+	// Many short-lived objects and a small live heap: collect only near 1 GiB.
+	debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(1 << 30)
+	os.Exit(m.Run())
+}
+
+// TestReleaseGates is the gate check CI runs: every gate of the source design
+// over -sim.schedules seeded schedules, every fault of the matrix injected.
+func TestReleaseGates(t *testing.T) {
+	rep := Run(*gateBaseSeed, *gateSchedules, 0, Config{}, nil)
+	t.Logf("%d schedules (seeds %d…) in %s\n%s\n%s\nverdicts: %s", rep.Schedules, rep.BaseSeed, rep.Elapsed,
+		rep.GateTable(), rep.FaultMatrix(), rep.VerdictSummary())
+	if !rep.Passed() {
+		for _, r := range rep.Failed {
+			t.Error(r.Describe())
+		}
+		if len(rep.Failed) > 0 {
+			res, suppressed := Minimize(rep.Failed[0].Seed, Config{})
+			t.Errorf("minimal trace (suppressed faults %v):\n%s", suppressed, strings.Join(res.Trace, "\n"))
+		}
+	}
+	for f := range numFaults {
+		if rep.Faults[f] == 0 {
+			t.Errorf("fault %q was never injected", f)
+		}
+	}
+	// The matrix must reach every verdict the webhook can give a ConfigMap
+	// write (DESIGN.md), or the schedules are not exploring what they claim.
+	for _, v := range []fence.Verdict{fence.Accepted, fence.Unchanged, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant,
+		fence.WrongResource, fence.WrongOwner, fence.RevokedEpoch, fence.PayloadMismatch, fence.FenceRegression, fence.StaleOwner,
+		fence.RootMismatch, fence.NotHeld, fence.PolicyStale, fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined} {
+		if rep.Verdicts[v] == 0 {
+			t.Errorf("no schedule produced verdict %s", v)
+		}
+	}
+	if rep.Commits == 0 || rep.UnknownOutcomes == 0 || rep.GrantsIssued == 0 {
+		t.Errorf("the schedules did too little: %d commits, %d unknown outcomes, %d grants", rep.Commits, rep.UnknownOutcomes, rep.GrantsIssued)
+	}
+}
+
+// TestScheduleIsReproducible: a seed replays exactly.
+func TestScheduleIsReproducible(t *testing.T) {
+	for _, seed := range []uint64{3, 1_000_003} {
+		a := RunSchedule(seed, Config{Trace: true})
+		b := RunSchedule(seed, Config{Trace: true})
+		if !slices.Equal(a.Trace, b.Trace) || len(a.Trace) < 20 {
+			t.Fatalf("seed %d: two replays differ (or the trace is empty: %d lines)", seed, len(a.Trace))
+		}
+	}
+}
+
+// brokenRule lets a write through that the real acceptance point denied,
+// when allow says so: a deliberately wrong acceptance rule.
+func brokenRule(allow func(req admission.Request, verdict fence.Verdict) bool) func(AcceptFunc) AcceptFunc {
+	return func(real AcceptFunc) AcceptFunc {
+		return func(ctx context.Context, req admission.Request) admission.Response {
+			resp := real(ctx, req)
+			if v, _ := verdictOf(resp); !resp.Allowed && allow(req, v) {
+				return admission.Allowed("ACCEPTED: by a broken rule")
+			}
+			return resp
+		}
+	}
+}
+
+// equalFenceOtherRoot: the write's fence equals the stored highest fence
+// but its operation root is another one.
+func equalFenceOtherRoot(req admission.Request) bool {
+	oldObj, newObj := map[string]any{}, map[string]any{}
+	if len(req.OldObject.Raw) == 0 || jsonUnmarshal(req.OldObject.Raw, &oldObj) != nil || jsonUnmarshal(req.Object.Raw, &newObj) != nil {
+		return false
+	}
+	st, err := fence.StateOf(annotations(oldObj)[fence.AnnotationFence], annotations(oldObj)[fence.AnnotationReceipts])
+	e, err2 := fence.ParseEnvelope(annotations(newObj)[fence.AnnotationFence])
+	return err == nil && err2 == nil && e.Grant.FenceToken == st.HighestFence && e.Grant.OperationRoot != st.Root
+}
+
+// TestOracleCatchesBrokenRules shows that the checker can fail: each broken
+// acceptance rule makes the oracle report the violations it causes.
+func TestOracleCatchesBrokenRules(t *testing.T) {
+	cases := []struct {
+		name   string
+		allow  func(admission.Request, fence.Verdict) bool
+		faults []Fault // nil: all
+		want   violationKind
+	}{
+		{"accepts an equal fence from another root", func(req admission.Request, v fence.Verdict) bool {
+			return (v == fence.RootMismatch || v == fence.FenceRegression) && equalFenceOtherRoot(req)
+		}, []Fault{FaultRestoreSnapshot, FaultOwnerPause, FaultLostRenewalResponse}, vRegressedToken},
+		{"accepts a stale owner", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.StaleOwner || v == fence.NotHeld
+		}, nil, vStaleWrite},
+		{"accepts a lower fence after a registry restore", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.FenceRegression
+		}, []Fault{FaultRestoreSnapshot}, vRegressedToken},
+		{"skips grant verification", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.ForgedGrant
+		}, nil, vForgedAccepted},
+		{"accepts segments out of order", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.SegmentOutOfOrder
+		}, []Fault{FaultOutOfOrderSegment}, vSkippedSegment},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := Run(1, 400, 0, Config{Acceptance: brokenRule(c.allow), Faults: c.faults, StopAtFirstViolation: true}, nil)
+			if rep.Violated[c.want] == 0 {
+				t.Fatalf("the oracle reported no %q over %d schedules (violations %v)", violationNames[c.want], rep.Schedules, rep.Violated)
+			}
+			t.Logf("%d of %d schedules failed; first: %s", rep.FailedCount, rep.Schedules, rep.Failed[0].Describe())
+		})
+	}
+}
+
+// TestRegisterModel: the history checker rejects histories a fenced register
+// cannot produce, and accepts unanswered writes either way.
+func TestRegisterModel(t *testing.T) {
+	w1 := registerState{Fence: 1, Grant: "g1", Segment: 1, Payload: "p1"}
+	w1b := registerState{Fence: 1, Grant: "g1", Segment: 2, Payload: "p1b"}
+	w2 := registerState{Fence: 2, Grant: "g2", Segment: 1, Payload: "p2"}
+	write := func(call, ret int64, v registerState, o writeOutcome) porcupine.Operation {
+		return porcupine.Operation{Input: registerInput{Write: true, Valid: true, Value: v}, Output: registerOutput{Outcome: o}, Call: call, Return: ret}
+	}
+	read := func(call, ret int64, v registerState) porcupine.Operation {
+		return porcupine.Operation{Input: registerInput{}, Output: registerOutput{Read: v}, Call: call, Return: ret}
+	}
+	cases := []struct {
+		name    string
+		history []porcupine.Operation
+		legal   bool
+	}{
+		{"fence order", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 4, w1b, outcomeAccepted), write(5, 6, w2, outcomeAccepted), read(7, 8, w2)}, true},
+		{"a stale read", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 4, w2, outcomeAccepted), read(5, 6, w1)}, false},
+		{"a regressed token accepted", []porcupine.Operation{write(1, 2, w2, outcomeAccepted), write(3, 4, w1, outcomeAccepted)}, false},
+		{"a skipped segment accepted", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 4, registerState{Fence: 1, Grant: "g1", Segment: 3}, outcomeAccepted)}, false},
+		{"another grant at an accepted fence", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 4, registerState{Fence: 1, Grant: "g9", Segment: 2}, outcomeAccepted)}, false},
+		{"concurrent writes linearize in fence order", []porcupine.Operation{write(1, 6, w2, outcomeAccepted), write(2, 5, w1, outcomeAccepted), read(7, 8, w2)}, true},
+		{"an unanswered write that took effect", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 100, w2, outcomeUnknown), read(5, 6, w2)}, true},
+		{"an unanswered write that did not", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 100, w2, outcomeUnknown), read(5, 6, w1)}, true},
+		{"a denied write changes nothing", []porcupine.Operation{write(1, 2, w1, outcomeAccepted), write(3, 4, w2, outcomeRejected), read(5, 6, w2)}, false},
+	}
+	for _, c := range cases {
+		if got := porcupine.CheckOperations(registerModel, c.history); got != c.legal {
+			t.Errorf("%s: linearizable = %t, want %t", c.name, got, c.legal)
+		}
+	}
+}

@@ -1,0 +1,603 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// maxTriesPerJob bounds how often a worker acquires the lock anew for one job.
+const maxTriesPerJob = 20
+
+// worker follows DESIGN.md's client rules ("Worker client states"), one
+// request at a time, like the client library's Acquire/renew/Commit:
+//
+//   - lock: REQUESTED → HELD → RENEWING → HELD; an unanswered renewal or query
+//     → OWNERSHIP_UNKNOWN; server-confirmed end → EXPIRED or RELEASED;
+//   - a lost acquire response is recovered by reading the same requestID;
+//   - the guard: a new effect (a write) is started only in HELD;
+//   - a write without an answer is MUTATION_UNKNOWN, resolved from the
+//     object's receipts by operation ID before anything else;
+//   - a job is one operation of segments 1..N under one operation root.
+type worker struct {
+	w        *world
+	name     string
+	user     string
+	jobsLeft int
+	segments int // per operation
+	tries    int // acquisitions for the current job
+	attempt  int // acquisitions so far; names the requestIDs
+
+	lock        *clientLock
+	prepared    *request // a write built after the guard passed, not yet sent
+	unknown     *unknownWrite
+	pending     *request // the outstanding request
+	wakeAt      time.Time
+	pausedUntil time.Time
+	armed       armedFaults
+	// retries counts denied writes that are worth retrying under one lock.
+	retries int
+}
+
+// clientLock is the worker's view of one acquisition.
+type clientLock struct {
+	state        lockclient.State
+	grantName    string
+	requestID    string
+	lease        string
+	root         string
+	created      bool // the LockGrant is believed to exist
+	held         bool // a grant was received
+	grant        grant.Grant
+	proof        string
+	digest       string
+	renewals     int64 // spec.renewals as last written
+	nextRenew    time.Time
+	releasing    bool
+	releaseAcked bool
+	operation    string
+	committed    int64     // the last segment of the operation known to be applied
+	workUntil    time.Time // computing the next segment until then
+	// rewrite: a write met a concurrent one; like the client library's commit
+	// loop, read again and write at once, without stopping to renew.
+	rewrite bool
+	// rewriteFault carries the fault of the write that met the conflict.
+	rewriteFault Fault
+}
+
+type unknownWrite struct {
+	want   fence.Receipt
+	digest string // the grant it was written under
+	since  time.Time
+}
+
+// armedFaults are one-shot faults the adversary set up for the worker's next
+// request of a kind.
+type armedFaults struct {
+	lostRenewal, lostAcquire, lostWriteAck, delayWrite, skipSegment, reacquire, pauseBeforeWrite bool
+}
+
+func newWorker(w *world, name string, jobs, segments int) *worker {
+	return &worker{w: w, name: name, user: "system:serviceaccount:" + namespace + ":" + name, jobsLeft: jobs, segments: segments, wakeAt: w.now}
+}
+
+func (k *worker) paused() bool { return k.w.now.Before(k.pausedUntil) }
+
+func (k *worker) hasWork() bool {
+	return k.prepared != nil || k.unknown != nil || k.lock != nil || k.jobsLeft > 0
+}
+
+func (k *worker) ready() bool {
+	return !k.paused() && k.pending == nil && !k.w.now.Before(k.wakeAt) && k.hasWork()
+}
+
+func (k *worker) timedOut() bool {
+	return !k.paused() && k.pending != nil && !k.w.now.Before(k.pending.sentAt.Add(requestTimeout))
+}
+
+func (k *worker) finishedAll() bool {
+	return k.jobsLeft == 0 && k.lock == nil && k.unknown == nil && k.pending == nil && k.prepared == nil
+}
+
+// nextEvent is when the worker next wants to do something.
+func (k *worker) nextEvent() time.Time {
+	switch {
+	case k.paused():
+		return k.pausedUntil
+	case k.pending != nil:
+		return k.pending.sentAt.Add(requestTimeout)
+	case k.hasWork():
+		return k.wakeAt
+	}
+	return time.Time{}
+}
+
+func (k *worker) describe() string {
+	s := fmt.Sprintf("jobs left %d", k.jobsLeft)
+	if l := k.lock; l != nil {
+		s += fmt.Sprintf(", lock %s %s committed %d/%d", l.requestID, l.state, l.committed, k.segments)
+	}
+	if k.unknown != nil {
+		s += ", MUTATION_UNKNOWN"
+	}
+	return s
+}
+
+func (k *worker) send(r *request) {
+	r.from, r.user = k, k.user
+	k.pending = r
+	k.w.send(r)
+}
+
+func (k *worker) sleep(d time.Duration) { k.wakeAt = k.w.now.Add(d) }
+
+func (k *worker) setState(s lockclient.State) {
+	if l := k.lock; l != nil && l.state != s {
+		k.w.tracef("%s: %s -> %s", k.name, l.state, s)
+		l.state = s
+	}
+}
+
+// act performs the worker's next step.
+func (k *worker) act() {
+	if r := k.prepared; r != nil {
+		if k.armed.pauseBeforeWrite {
+			// The stale-owner story: the process stops between its guard
+			// and its write, for longer than the lease.
+			k.armed.pauseBeforeWrite = false
+			k.pausedUntil = k.w.now.Add(lease + time.Duration(k.w.rng.Int64N(int64(2*lease))))
+			r.fault = FaultOwnerPause
+			k.w.res.Faults[FaultOwnerPause]++
+			k.w.tracef("FAULT %s: %s stops before its write until +%s", FaultOwnerPause, k.name, k.pausedUntil.Sub(simStart).Truncate(time.Millisecond))
+			return
+		}
+		// The effect. The guard passed when the write was built; whatever
+		// happened since (a pause) is what fencing exists for.
+		k.prepared = nil
+		k.sendWrite(r)
+		return
+	}
+	if k.unknown != nil {
+		k.send(&request{kind: reqGetObject}) // resolve before anything else
+		return
+	}
+	l := k.lock
+	switch {
+	case l == nil:
+		k.acquire()
+	case l.state == lockclient.StateExpired || l.state == lockclient.StateReleased:
+		k.lockEnded()
+	case l.state == lockclient.StateRequested && !l.created:
+		k.createGrant()
+	case l.releasing && !l.releaseAcked:
+		k.send(&request{kind: reqRelease, grantName: l.grantName})
+	case l.state == lockclient.StateHeld && !l.releasing:
+		switch {
+		case l.rewrite:
+			l.rewrite = false
+			k.send(&request{kind: reqGetObject})
+		case !k.w.now.Before(l.nextRenew):
+			k.renew()
+		case k.w.now.Before(l.workUntil):
+			k.wakeAt = minTime(l.workUntil, l.nextRenew)
+		case l.committed >= int64(k.segments):
+			k.w.tracef("%s: operation %s complete; releasing", k.name, l.operation)
+			l.releasing = true
+			k.send(&request{kind: reqRelease, grantName: l.grantName})
+		default:
+			k.send(&request{kind: reqGetObject})
+		}
+	default: // REQUESTED, RENEWING, OWNERSHIP_UNKNOWN, or a release to confirm
+		k.send(&request{kind: reqGetGrant, grantName: l.grantName})
+	}
+}
+
+func (k *worker) acquire() {
+	if k.jobsLeft == 0 {
+		return
+	}
+	k.attempt++
+	rid := fmt.Sprintf("%s-r%d", k.name, k.attempt)
+	k.lock = &clientLock{state: lockclient.StateRequested, requestID: rid, lease: "lease-" + rid, rewriteFault: faultNone,
+		root: lockclient.OperationRoot(resourceName + "/" + rid), grantName: lockclient.GrantName(resourceName, rid)}
+	k.retries = 0
+	k.w.tracef("%s: REQUESTED (requestID %s)", k.name, rid)
+	k.createGrant()
+}
+
+func (k *worker) createGrant() {
+	l := k.lock
+	r := &request{kind: reqCreateGrant, spec: locksv1.LockGrantSpec{Resource: resourceName, Owner: k.user,
+		RequestID: l.requestID, Lease: l.lease, OperationRoot: l.root}}
+	if k.armed.lostAcquire {
+		k.armed.lostAcquire = false
+		r.dropReply = true
+		k.w.res.Faults[FaultLostAcquireResponse]++
+		k.w.tracef("FAULT %s: the answer to %s's create will be lost", FaultLostAcquireResponse, k.name)
+	}
+	k.send(r)
+}
+
+func (k *worker) renew() {
+	l := k.lock
+	l.renewals++
+	k.setState(lockclient.StateRenewing)
+	r := &request{kind: reqRenew, grantName: l.grantName, renewals: l.renewals}
+	if k.armed.lostRenewal {
+		k.armed.lostRenewal = false
+		// Either way the client hears nothing; only the second one renewed.
+		if k.w.rng.IntN(2) == 0 {
+			r.dropRequest = true
+		} else {
+			r.dropReply = true
+		}
+		k.w.res.Faults[FaultLostRenewalResponse]++
+		k.w.tracef("FAULT %s: %s's renewal gets no answer", FaultLostRenewalResponse, k.name)
+	}
+	k.send(r)
+}
+
+func (k *worker) sendWrite(r *request) {
+	if k.armed.lostWriteAck {
+		k.armed.lostWriteAck = false
+		r.dropReply, r.fault = true, FaultLostWriteAck
+		k.w.res.Faults[FaultLostWriteAck]++
+		k.w.tracef("FAULT %s: the answer to %s's write will be lost", FaultLostWriteAck, k.name)
+	}
+	if k.armed.delayWrite {
+		k.armed.delayWrite = false
+		r.notBefore, r.fault = k.w.now.Add(lease+time.Duration(k.w.rng.Int64N(int64(lease)))), FaultDelayedMessage
+		if k.w.rng.IntN(2) == 0 {
+			// A write without a resourceVersion precondition (a patch, or a
+			// store without compare-and-swap): only the fence can stop it.
+			r.rv = ""
+			setRV(r.object, "")
+		}
+		k.w.res.Faults[FaultDelayedMessage]++
+		k.w.tracef("FAULT %s: %s's write is held in the network until +%s", FaultDelayedMessage, k.name, r.notBefore.Sub(simStart).Truncate(time.Millisecond))
+	}
+	k.w.adv.remember(r)
+	k.send(r)
+}
+
+// onReply handles the answer to the outstanding request.
+func (k *worker) onReply(rp *reply) {
+	if rp.req != k.pending {
+		k.w.tracef("%s: ignores a late answer to #%d (%s)", k.name, rp.req.id, rp.summary())
+		return
+	}
+	k.pending = nil
+	l := k.lock
+	switch rp.req.kind {
+	case reqCreateGrant:
+		if l != nil && l.requestID == rp.req.spec.RequestID {
+			l.created = true
+			k.sleep(pollEvery)
+		}
+	case reqGetGrant:
+		if l != nil && l.grantName == rp.req.grantName {
+			k.observe(rp)
+		}
+	case reqRenew:
+		if l != nil && rp.status == replyNotFound {
+			k.setState(lockclient.StateExpired)
+		}
+	case reqRelease:
+		if l == nil {
+			break
+		}
+		if rp.status == replyNotFound {
+			k.setState(lockclient.StateReleased)
+			break
+		}
+		l.releaseAcked = true
+		if k.armed.reacquire {
+			k.reacquireAtOnce()
+		}
+	case reqGetObject:
+		if k.unknown != nil {
+			k.resolve(rp.object)
+		} else {
+			k.prepare(rp.object)
+		}
+	case reqWriteObject:
+		k.writeAnswered(rp)
+	}
+}
+
+// timeout handles a request that got no answer in time.
+func (k *worker) timeout() {
+	r := k.pending
+	k.pending = nil
+	l := k.lock
+	k.w.tracef("%s: no answer to %s (#%d)", k.name, r.kind, r.id)
+	switch r.kind {
+	case reqCreateGrant:
+		// The create may have landed: read the same requestID before anything else.
+		if l != nil {
+			l.created = true
+		}
+	case reqRenew:
+		k.setState(lockclient.StateOwnershipUnknown)
+	case reqGetGrant:
+		if l != nil && l.state == lockclient.StateRenewing {
+			k.setState(lockclient.StateOwnershipUnknown)
+		}
+	case reqWriteObject:
+		k.unknown = &unknownWrite{want: r.receipt, digest: k.w.grantDigestOf(r), since: k.w.now}
+		k.w.res.UnknownOutcomes++
+		k.w.tracef("%s: MUTATION_UNKNOWN (fence %d segment %d)", k.name, r.receipt.Fence, r.receipt.Segment)
+	}
+}
+
+// observe applies a confirmed view of the LockGrant.
+func (k *worker) observe(rp *reply) {
+	l := k.lock
+	if rp.status == replyNotFound {
+		if !l.held {
+			l.created = false // lost on the way, or the registry was restored: create it again
+		} else {
+			k.setState(lockclient.StateExpired) // the registry keeps no record of our grant
+		}
+		return
+	}
+	lg := rp.grant
+	if l.held && lg.Status.Grant != nil && lg.Status.Digest != l.digest {
+		k.setState(lockclient.StateExpired) // a restored registry issued this request anew: our grant is gone
+		return
+	}
+	switch lg.Status.Phase {
+	case locksv1.PhaseHeld:
+		switch {
+		case !l.held && lg.Status.Grant != nil:
+			l.held, l.grant, l.proof, l.digest = true, lg.Status.Grant.ToGrant(), lg.Status.Proof, lg.Status.Digest
+			l.renewals, l.nextRenew = lg.Spec.Renewals, k.w.now.Add(renewEvery)
+			l.operation = fmt.Sprintf("%s-op%d", k.name, k.attempt)
+			l.workUntil = k.w.now.Add(computeTime(k.w))
+			k.setState(lockclient.StateHeld)
+		case l.state == lockclient.StateOwnershipUnknown:
+			// A confirmed answer: the issuer still counts us as the holder.
+			l.renewals, l.nextRenew = max(l.renewals, lg.Spec.Renewals), k.w.now
+			k.setState(lockclient.StateHeld)
+		case l.state == lockclient.StateRenewing && lg.Status.ObservedRenewals >= l.renewals:
+			l.nextRenew = k.w.now.Add(renewEvery)
+			k.setState(lockclient.StateHeld)
+		}
+	case locksv1.PhaseExpired, locksv1.PhaseRevoked, locksv1.PhaseDenied:
+		k.setState(lockclient.StateExpired)
+	case locksv1.PhaseReleased:
+		k.setState(lockclient.StateReleased)
+	}
+	switch {
+	case l.state == lockclient.StateRequested:
+		k.sleep(pollEvery)
+	case l.state != lockclient.StateHeld || l.releasing: // waiting for the issuer to confirm
+		k.sleep(pollEvery / 3)
+	}
+}
+
+// lockEnded starts over after EXPIRED or RELEASED: the job is done if its
+// operation committed, otherwise it is tried again under a new acquisition.
+func (k *worker) lockEnded() {
+	l := k.lock
+	k.lock = nil
+	if l.held && l.committed >= int64(k.segments) {
+		k.jobDone(false)
+		return
+	}
+	k.tries++
+	if k.tries >= maxTriesPerJob {
+		k.w.tracef("%s: gives the job up after %d acquisitions", k.name, k.tries)
+		k.jobDone(true)
+	}
+	k.sleep(time.Duration(200+k.w.rng.IntN(1800)) * time.Millisecond)
+}
+
+func (k *worker) jobDone(abandoned bool) {
+	k.jobsLeft--
+	k.tries = 0
+	if abandoned {
+		k.w.res.JobsAbandoned++
+	} else {
+		k.w.res.JobsDone++
+	}
+}
+
+// reacquireAtOnce: the interleaved release-and-reacquire fault. The worker
+// does not wait for the release to be confirmed and requests the lock again
+// (for one more job, or to retry this one); and a write of the old grant,
+// still in flight, arrives later.
+func (k *worker) reacquireAtOnce() {
+	k.armed.reacquire = false
+	l := k.lock
+	k.w.res.Faults[FaultReleaseReacquire]++
+	k.w.tracef("FAULT %s: %s requests the lock again before its release is confirmed", FaultReleaseReacquire, k.name)
+	k.w.adv.lateWrite(l.grant, l.proof, time.Duration(k.w.rng.IntN(3000))*time.Millisecond, FaultReleaseReacquire)
+	k.lock = nil
+	if l.committed >= int64(k.segments) {
+		k.jobDone(false)
+		k.jobsLeft++ // and one more
+	}
+	k.acquire()
+}
+
+// prepare builds the next segment's write from the object as read; the guard
+// is checked here, before the effect is started.
+func (k *worker) prepare(obj map[string]any) {
+	l := k.lock
+	if l == nil || l.state != lockclient.StateHeld || l.releasing {
+		return // no new effect unless HELD
+	}
+	exists := obj != nil
+	if !exists {
+		obj = newObject()
+	}
+	ann := annotations(obj)
+	st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	if err != nil {
+		k.w.oracle.violation(vSimulator, "%s cannot read the stored fence state: %v", k.name, err)
+		k.sleep(time.Second)
+		return
+	}
+	segment := int64(1)
+	if st.HighestFence == l.grant.FenceToken && st.GrantDigest == l.digest {
+		segment = st.LastSegment + 1
+	}
+	if segment > int64(k.segments) {
+		l.committed = max(l.committed, segment-1) // already applied (a resolved write or a replay)
+		return
+	}
+	fault := Fault(faultNone)
+	if l.rewriteFault != faultNone {
+		fault, l.rewriteFault = l.rewriteFault, faultNone
+	}
+	if k.armed.skipSegment {
+		k.armed.skipSegment = false
+		segment += 1 + int64(k.w.rng.IntN(2))
+		fault = FaultOutOfOrderSegment
+		k.w.res.Faults[FaultOutOfOrderSegment]++
+		k.w.tracef("FAULT %s: %s numbers its next segment %d", FaultOutOfOrderSegment, k.name, segment)
+	}
+	setData(obj, segmentContent(l.operation, segment))
+	lbl := labels(obj)
+	lbl[fence.LabelProtected] = "true"
+	setStringMap(obj, "labels", lbl)
+	ann[fence.AnnotationResource] = resourceName
+	payload, err := fence.PayloadDigest(fence.ObjectPayload(obj))
+	if err != nil {
+		panic(err)
+	}
+	receipt, err := fence.Stamp(ann, fence.Envelope{Grant: l.grant, Proof: l.proof, Operation: l.operation, Segment: segment, Payload: payload})
+	if err != nil {
+		panic(err)
+	}
+	setStringMap(obj, "annotations", ann)
+	k.prepared = &request{kind: reqWriteObject, create: !exists, object: obj, rv: resourceVersion(obj), receipt: receipt, fault: fault}
+	k.wakeAt = k.w.now
+}
+
+// computeTime is how long a worker computes one segment.
+func computeTime(w *world) time.Duration {
+	return time.Duration(w.rng.IntN(2500)) * time.Millisecond
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// segmentContent is the business content of one segment.
+func segmentContent(operation string, segment int64) map[string]string {
+	return map[string]string{"operation": operation, "segment": strconv.FormatInt(segment, 10),
+		"result": fmt.Sprintf("%s/%d", operation, segment*segment)}
+}
+
+func (k *worker) writeAnswered(rp *reply) {
+	l := k.lock
+	r := rp.req
+	applied := rp.status == replyOK || rp.verdict == fence.AlreadyApplied // ALREADY_APPLIED is success
+	switch {
+	case applied:
+		if l != nil && l.digest == k.w.grantDigestOf(r) {
+			l.committed = max(l.committed, r.receipt.Segment)
+			l.workUntil = k.w.now.Add(computeTime(k.w))
+		}
+	case rp.status != replyDenied:
+		// Conflict or a concurrent create: read again and renumber.
+		if l != nil {
+			l.rewrite, l.rewriteFault = true, r.fault
+		}
+	case rp.verdict == fence.SegmentOutOfOrder || rp.verdict == fence.Quarantined || rp.verdict == fence.ReceiptLogMismatch:
+		k.retries++
+		if k.retries > 5 {
+			k.giveUp()
+		}
+	default:
+		k.giveUp() // this grant can write no more
+	}
+}
+
+// giveUp stops using the lock after a denial: release it if we may still hold it.
+func (k *worker) giveUp() {
+	l := k.lock
+	if l == nil {
+		return
+	}
+	if l.held && !l.releasing && l.state != lockclient.StateExpired && l.state != lockclient.StateReleased {
+		l.releasing = true
+		return
+	}
+	k.setState(lockclient.StateExpired)
+}
+
+// resolve decides a write of unknown outcome from the object's receipt log.
+func (k *worker) resolve(obj map[string]any) {
+	u := k.unknown
+	k.unknown = nil
+	outcome := "undeterminable"
+	var st fence.State
+	var err error
+	if obj != nil {
+		ann := annotations(obj)
+		st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	}
+	if err == nil {
+		outcome = "absent"
+		for _, r := range st.Receipts {
+			if r.Fence == u.want.Fence && r.Segment == u.want.Segment && r.Operation == u.want.Operation {
+				outcome = "undeterminable"
+				if r.Payload == u.want.Payload {
+					outcome = "applied"
+				}
+			}
+		}
+		if outcome == "absent" && !provenAbsent(st, u.want) {
+			outcome = "undeterminable"
+		}
+	}
+	res := k.w.res
+	res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
+	k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: %s", k.name, outcome)
+	switch outcome {
+	case "applied":
+		res.UnknownApplied++
+		if l := k.lock; l != nil && l.digest == u.digest {
+			l.committed = max(l.committed, u.want.Segment)
+		}
+	case "absent":
+		res.UnknownAbsent++ // the next step re-reads and, under the guard, writes again
+	default:
+		res.UnknownUndetermined++ // ReconciliationRequired: a human decides; this lock writes no more
+		k.giveUp()
+	}
+}
+
+// provenAbsent: segments of a fence are accepted in order and the log keeps
+// the newest receipts, so a write is absent when the object never reached
+// it, or when the log reaches back past where it would be and lacks it.
+func provenAbsent(st fence.State, want fence.Receipt) bool {
+	if st.HighestFence < want.Fence || (st.HighestFence == want.Fence && st.LastSegment < want.Segment) {
+		return true
+	}
+	if len(st.Receipts) == 0 {
+		return false
+	}
+	oldest := st.Receipts[0]
+	return oldest.Fence < want.Fence || (oldest.Fence == want.Fence && oldest.Segment < want.Segment)
+}
+
+// grantDigestOf is the digest of the grant a write carries ("" if none).
+func (w *world) grantDigestOf(r *request) string {
+	e, err := w.readEnvelope(annotations(r.object)[fence.AnnotationFence])
+	if err != nil {
+		return ""
+	}
+	return e.digest
+}

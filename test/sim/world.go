@@ -1,0 +1,420 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// Names and timings of the simulated system.
+const (
+	namespace    = "billing"
+	resourceName = "invoice-batch"            // the FencedResource
+	resourceID   = "invoice-batch/2026-07-19" // its spec.resourceID
+	objectName   = "invoice-batch-result"     // the protected ConfigMap
+	leaseSeconds = 10
+	lease        = leaseSeconds * time.Second
+	renewEvery   = lease / 3 // the client library's default
+	// requestTimeout is how long a client waits for any answer.
+	requestTimeout = time.Second
+	pollEvery      = 300 * time.Millisecond
+	// snapshotEvery is how often the registry's backend is backed up; a
+	// restore fault goes back to one of the last few backups.
+	snapshotEvery = 3 * time.Second
+	// maxMainPhase bounds the faulty part of a schedule in virtual time.
+	maxMainPhase = 5 * time.Minute
+	// livenessBound is how long a correct owner may take, once the faults stop,
+	// to acquire the lock and commit its operation.
+	livenessBound = 10 * time.Minute
+	// maxSteps stops a runaway schedule (it then fails liveness).
+	maxSteps = 200_000
+)
+
+// simStart is the virtual clock's reading when a schedule starts.
+var simStart = time.Date(2026, 7, 19, 10, 0, 0, 0, time.UTC)
+
+// requestKind is what a message asks of a server.
+type requestKind int
+
+const (
+	reqCreateGrant requestKind = iota // create a LockGrant (acquire)
+	reqGetGrant                       // read a LockGrant (poll, query, confirm)
+	reqRenew                          // bump spec.renewals
+	reqRelease                        // set spec.release
+	reqGetObject                      // read the protected object
+	reqWriteObject                    // create or update the protected object
+)
+
+func (k requestKind) String() string {
+	return [...]string{"create LockGrant", "get LockGrant", "renew", "release", "get object", "write object"}[k]
+}
+
+// request is one message from a client to a server. Everything a server needs
+// is in it; the client-side fields say what the client will do with the answer.
+type request struct {
+	id   int64
+	from *worker // nil: the adversary sent it
+	user string  // the authenticated identity of the sender
+	kind requestKind
+
+	grantName string                // LockGrant requests
+	spec      locksv1.LockGrantSpec // reqCreateGrant
+	renewals  int64                 // reqRenew: the spec.renewals to write
+
+	object map[string]any // reqWriteObject: the object to store (JSON form)
+	rv     string         // reqWriteObject: resourceVersion precondition ("" = unconditional)
+	create bool           // reqWriteObject: a create rather than an update
+
+	receipt fence.Receipt // a worker's write: the receipt it expects
+	fault   Fault         // the fault that produced or changed it
+	// rebuild, for an adversary's write, rebuilds it onto the object as it
+	// is when the write arrives (see adversary.craft).
+	rebuild *craftSpec
+
+	notBefore   time.Time // a delayed message is not delivered before this
+	dropRequest bool      // lost on the way: never processed
+	dropReply   bool      // processed, but the answer is lost
+	sentAt      time.Time
+	historyOp   int // index in the history, -1 when not recorded
+}
+
+// replyStatus is the server's answer.
+type replyStatus int
+
+const (
+	replyOK replyStatus = iota
+	replyNotFound
+	replyConflict
+	replyAlreadyExists
+	replyDenied // the admission webhook denied the write
+)
+
+func (s replyStatus) String() string {
+	return [...]string{"ok", "NotFound", "Conflict", "AlreadyExists", "denied"}[s]
+}
+
+type reply struct {
+	req     *request
+	status  replyStatus
+	verdict fence.Verdict // object writes that reached the webhook
+	message string
+	grant   *locksv1.LockGrant // LockGrant requests
+	object  map[string]any     // reqGetObject: the stored object, nil when absent
+}
+
+// world is one schedule.
+type world struct {
+	cfg   Config
+	seed  uint64
+	rng   *rand.Rand
+	now   time.Time
+	clock *testingclock.FakeClock
+	// tick orders every event; the history checker uses it as time.
+	tick int64
+	step int
+
+	reg      *registry
+	obj      *resource
+	workers  []*worker
+	probe    *worker // the correct owner of the liveness check
+	adv      *adversary
+	oracle   *oracle
+	hist     *history
+	faults   faultPlan
+	requests []*request
+	replies  []*reply
+	// observations are the webhook's status observations on their way to the
+	// FencedResource status (the webhook's StatusRecorder runs beside admission).
+	observations []observation
+
+	quiet      bool // the faults stopped; the liveness check runs
+	quietSince time.Time
+	nextID     int64
+	res        *Result
+	actions    []action
+	envelopes  map[string]parsedEnvelope // see readEnvelope
+}
+
+type actionKind int
+
+const (
+	actDeliverRequest actionKind = iota
+	actDeliverReply
+	actWorker
+	actTimeout
+	actObservation
+	actFault
+)
+
+type action struct {
+	kind actionKind
+	i    int
+}
+
+func newWorld(seed uint64, cfg Config) *world {
+	w := &world{cfg: cfg, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simStart,
+		envelopes: map[string]parsedEnvelope{}}
+	w.clock = testingclock.NewFakeClock(w.now)
+	w.res = &Result{Seed: seed}
+	w.res.Counters.init()
+	w.hist = newHistory()
+	w.oracle = newOracle(w)
+	w.reg = newRegistry(w)
+	w.obj = newResource(w)
+	w.adv = newAdversary(w)
+	w.faults = newFaultPlan(w.rng, cfg.Faults, cfg.Suppress)
+	n := 2 + w.rng.IntN(2)
+	for i := range n {
+		w.workers = append(w.workers, newWorker(w, fmt.Sprintf("worker-%d", i+1), 1+w.rng.IntN(2), 1+w.rng.IntN(3)))
+	}
+	w.tracef("schedule seed %d: %d workers; faults enabled: %s", seed, n, w.faults)
+	return w
+}
+
+// run plays the schedule to its end and judges it.
+func (w *world) run() *Result {
+	for !w.done() {
+		w.step++
+		if w.step > maxSteps {
+			w.oracle.violation(vLiveness, "the schedule did not finish within %d steps", maxSteps)
+			break
+		}
+		if !w.quiet && w.mainPhaseOver() {
+			w.startQuietPhase()
+		}
+		w.stepOnce()
+		if w.cfg.StopAtFirstViolation && len(w.res.Violations) > 0 {
+			break
+		}
+	}
+	w.finish()
+	return w.res
+}
+
+func (w *world) done() bool {
+	if !w.quiet {
+		return false
+	}
+	// Done when the probe committed and every unknown outcome is settled.
+	settled := !slices.ContainsFunc(w.workers, func(k *worker) bool { return k.unknown != nil })
+	if w.probe.finishedAll() && settled {
+		return true
+	}
+	if w.now.Sub(w.quietSince) > livenessBound {
+		if !w.probe.finishedAll() {
+			w.oracle.violation(vLiveness, "a correct owner (%s) did not commit its operation within %s of the faults stopping (%s)",
+				w.probe.name, livenessBound, w.probe.describe())
+		}
+		return true // unsettled outcomes are counted by finish
+	}
+	return false
+}
+
+// mainPhaseOver: every worker finished its jobs, or the faulty phase ran long enough.
+func (w *world) mainPhaseOver() bool {
+	if w.now.Sub(simStart) > maxMainPhase {
+		return true
+	}
+	for _, k := range w.workers {
+		if !k.finishedAll() {
+			return false
+		}
+	}
+	return true
+}
+
+// startQuietPhase stops the faults, lets the operator repair what needs a
+// human (a fence regression, a revoked issuer epoch), and starts a correct
+// owner whose operation must commit: the liveness check.
+func (w *world) startQuietPhase() {
+	w.quiet, w.quietSince = true, w.now
+	w.tracef("faults stop; %s starts the liveness check", "probe")
+	for _, k := range w.workers {
+		k.armed = armedFaults{}
+	}
+	w.reg.heal()
+	w.probe = newWorker(w, "probe", 1, 2)
+	w.workers = append(w.workers, w.probe)
+}
+
+// stepOnce performs one scheduling decision.
+func (w *world) stepOnce() {
+	acts := w.actions[:0]
+	for i, r := range w.requests {
+		if !r.notBefore.After(w.now) {
+			acts = append(acts, action{actDeliverRequest, i})
+		}
+	}
+	for i, rp := range w.replies {
+		if rp.req.from == nil || !rp.req.from.paused() {
+			acts = append(acts, action{actDeliverReply, i})
+		}
+	}
+	for i, k := range w.workers {
+		switch {
+		case k.timedOut():
+			acts = append(acts, action{actTimeout, i})
+		case k.ready():
+			acts = append(acts, action{actWorker, i})
+		}
+	}
+	if len(w.observations) > 0 {
+		acts = append(acts, action{actObservation, 0})
+	}
+	if !w.quiet && w.faults.due(w.rng) {
+		acts = append(acts, action{actFault, 0})
+	}
+	w.actions = acts
+	// Time passes while messages are in flight: a short tick competes with
+	// every other action; when nothing else can happen, the clock jumps.
+	if len(acts) == 0 {
+		w.jump()
+		return
+	}
+	if w.rng.IntN(len(acts)+3) == 0 {
+		w.advance(time.Duration(1+w.rng.IntN(200)) * time.Millisecond)
+		return
+	}
+	a := acts[w.rng.IntN(len(acts))]
+	switch a.kind {
+	case actDeliverRequest:
+		r := w.requests[a.i]
+		w.requests = slices.Delete(w.requests, a.i, a.i+1)
+		w.deliverRequest(r)
+	case actDeliverReply:
+		rp := w.replies[a.i]
+		w.replies = slices.Delete(w.replies, a.i, a.i+1)
+		w.deliverReply(rp)
+	case actWorker:
+		w.workers[a.i].act()
+	case actTimeout:
+		w.workers[a.i].timeout()
+	case actObservation:
+		o := w.observations[0]
+		w.observations = w.observations[1:]
+		w.reg.record(o)
+	case actFault:
+		w.adv.inject()
+	}
+}
+
+// jump advances the clock to the next moment something can happen.
+func (w *world) jump() {
+	next := time.Time{}
+	consider := func(t time.Time) {
+		if t.After(w.now) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for _, r := range w.requests {
+		consider(r.notBefore)
+	}
+	for _, k := range w.workers {
+		consider(k.nextEvent())
+	}
+	consider(w.reg.nextEvent())
+	if next.IsZero() {
+		// Nothing is scheduled: the system is at rest. Let a second pass.
+		next = w.now.Add(time.Second)
+	}
+	w.advance(next.Sub(w.now))
+}
+
+func (w *world) advance(d time.Duration) {
+	w.now = w.now.Add(d)
+	w.clock.SetTime(w.now)
+	w.reg.clockAdvanced()
+}
+
+// send puts a request on the network.
+func (w *world) send(r *request) {
+	w.nextID++
+	r.id, r.sentAt, r.historyOp = w.nextID, w.now, -1
+	w.tick++
+	if r.kind == reqGetObject || r.kind == reqWriteObject {
+		r.historyOp = w.hist.call(w, r, w.tick)
+	}
+	w.requests = append(w.requests, r)
+}
+
+func (w *world) deliverRequest(r *request) {
+	if r.dropRequest {
+		w.tracef("  lost: %s's %s (#%d) never arrives", r.user, r.kind, r.id)
+		return
+	}
+	w.tick++
+	if r.rebuild != nil {
+		w.adv.rebuild(r)
+	}
+	var rp *reply
+	switch r.kind {
+	case reqGetObject, reqWriteObject:
+		rp = w.obj.serve(r)
+	default:
+		rp = w.reg.serve(r)
+	}
+	if r.dropReply {
+		w.tracef("  lost: the answer to %s's %s (#%d: %s)", r.user, r.kind, r.id, rp.summary())
+		return
+	}
+	w.replies = append(w.replies, rp)
+}
+
+func (w *world) deliverReply(rp *reply) {
+	w.tick++
+	if rp.req.historyOp >= 0 {
+		w.hist.ret(w, rp, w.tick)
+	}
+	if rp.req.from == nil {
+		w.adv.onReply(rp)
+		return
+	}
+	rp.req.from.onReply(rp)
+}
+
+// finish runs the end-of-schedule checks.
+func (w *world) finish() {
+	for _, k := range w.workers {
+		if k.unknown != nil {
+			w.res.UnknownUnsettled++
+		}
+	}
+	w.hist.check(w)
+	w.res.Steps = int64(w.step)
+	w.res.VirtualTime = w.now.Sub(simStart)
+	w.res.Schedules = 1
+}
+
+// tracef records one line of the schedule's trace (only when tracing).
+func (w *world) tracef(format string, args ...any) {
+	if !w.cfg.Trace {
+		return
+	}
+	w.res.Trace = append(w.res.Trace, fmt.Sprintf("%9s #%-5d %s", "+"+w.now.Sub(simStart).Truncate(time.Millisecond).String(), w.step, fmt.Sprintf(format, args...)))
+}
+
+func (rp *reply) summary() string {
+	switch {
+	case rp.status == replyDenied:
+		return rp.message
+	case rp.verdict != "":
+		return string(rp.verdict)
+	}
+	return rp.status.String()
+}
+
+// short abbreviates a digest for traces.
+func short(s string) string {
+	s = strings.TrimPrefix(s, "sha256:")
+	if len(s) > 8 {
+		return s[:8]
+	}
+	return s
+}
