@@ -537,60 +537,38 @@ func (k *worker) giveUp() {
 	k.setState(lockclient.StateExpired)
 }
 
-// resolve decides a write of unknown outcome from the object's receipt log.
+// resolve decides a write of unknown outcome from the object's receipt log,
+// with the client library's rule (lockclient.ResolveFromLog).
 func (k *worker) resolve(obj map[string]any) {
 	u := k.unknown
 	k.unknown = nil
-	outcome := "undeterminable"
-	var st fence.State
+	outcome := lockclient.Undeterminable
+	st := fence.State{} // an absent object holds no fence state
 	var err error
 	if obj != nil {
 		ann := annotations(obj)
 		st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
 	}
 	if err == nil {
-		outcome = "absent"
-		for _, r := range st.Receipts {
-			if r.Fence == u.want.Fence && r.Segment == u.want.Segment && r.Operation == u.want.Operation {
-				outcome = "undeterminable"
-				if r.Payload == u.want.Payload {
-					outcome = "applied"
-				}
-			}
-		}
-		if outcome == "absent" && !provenAbsent(st, u.want) {
-			outcome = "undeterminable"
-		}
+		outcome, _ = lockclient.ResolveFromLog(st, u.want)
 	}
 	res := k.w.res
 	res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
-	k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: %s", k.name, outcome)
 	switch outcome {
-	case "applied":
+	case lockclient.Applied:
+		k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: applied", k.name)
 		res.UnknownApplied++
 		if l := k.lock; l != nil && l.digest == u.digest {
 			l.committed = max(l.committed, u.want.Segment)
 		}
-	case "absent":
+	case lockclient.ProvenAbsent:
+		k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: proven absent", k.name)
 		res.UnknownAbsent++ // the next step re-reads and, under the guard, writes again
-	default:
-		res.UnknownUndetermined++ // ReconciliationRequired: a human decides; this lock writes no more
+	default: // undeterminable, or applied with another payload
+		k.w.tracef("%s: MUTATION_UNKNOWN undeterminable: ReconciliationRequired", k.name)
+		res.UnknownUndetermined++ // a human decides; this lock writes no more
 		k.giveUp()
 	}
-}
-
-// provenAbsent: segments of a fence are accepted in order and the log keeps
-// the newest receipts, so a write is absent when the object never reached
-// it, or when the log reaches back past where it would be and lacks it.
-func provenAbsent(st fence.State, want fence.Receipt) bool {
-	if st.HighestFence < want.Fence || (st.HighestFence == want.Fence && st.LastSegment < want.Segment) {
-		return true
-	}
-	if len(st.Receipts) == 0 {
-		return false
-	}
-	oldest := st.Receipts[0]
-	return oldest.Fence < want.Fence || (oldest.Fence == want.Fence && oldest.Segment < want.Segment)
 }
 
 // grantDigestOf is the digest of the grant a write carries ("" if none).
