@@ -91,3 +91,7 @@ dev: control-plane ## Embedded control plane + operator (self-signed webhook cer
 	go build -o bin/kubectl-fence ./cmd/kubectl-fence
 	go build -o bin/fencekeeper-dev ./cmd/dev
 	bin/fencekeeper-dev
+
+.PHONY: gates
+gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n replays one with its trace; BASE_SEED=n, SCHEDULES=n).
+	go run ./test/sim/cmd/gates -schedules=$(or $(SCHEDULES),100000) $(if $(BASE_SEED),-base-seed=$(BASE_SEED)) $(if $(SEED),-seed=$(SEED))
