@@ -138,6 +138,8 @@ func (a *adversary) apply(f Fault) bool {
 		return a.failover()
 	case FaultPolicyChange:
 		return a.policyChange()
+	case FaultReceiptLog:
+		return a.receiptLog()
 	}
 	return false
 }
@@ -237,6 +239,8 @@ type craftSpec struct {
 	content map[string]string
 	payload string              // "" = the digest of content
 	mangle  func(string) string // rewrites the encoded fence annotation
+	// mangleLog rewrites the receipt log the write carries.
+	mangleLog func([]fence.Receipt) []fence.Receipt
 }
 
 // craft builds a write of content onto the stored object, carrying env (its
@@ -275,6 +279,13 @@ func (a *adversary) rebuild(r *request) {
 	}
 	if c.mangle != nil {
 		ann[fence.AnnotationFence] = c.mangle(ann[fence.AnnotationFence])
+	}
+	if c.mangleLog != nil {
+		log, err := fence.ParseReceipts(ann[fence.AnnotationReceipts])
+		if err != nil {
+			panic(err)
+		}
+		ann[fence.AnnotationReceipts] = fence.EncodeReceipts(c.mangleLog(log))
 	}
 	setStringMap(obj, "annotations", ann)
 	setRV(obj, "")
@@ -347,10 +358,10 @@ func (a *adversary) replayOf(orig *request, verbatim bool, f Fault) *request {
 	return a.craft(f, orig.user, env, data, env.Payload)
 }
 
-// lateWrite sends, to arrive after d, the next segment under a grant that is
-// about to end: a write of its holder still in flight.
-func (a *adversary) lateWrite(g grant.Grant, proof string, d time.Duration, f Fault) {
-	r := a.craft(f, g.Owner, fence.Envelope{Grant: g, Proof: proof, Operation: "late-" + g.RequestID, Segment: a.nextSegment(g)}, a.content(), "")
+// lateWrite sends, to arrive after d, the next segment of operation under a
+// grant that is about to end: a write of its holder still in flight.
+func (a *adversary) lateWrite(g grant.Grant, proof, operation string, d time.Duration, f Fault) {
+	r := a.craft(f, g.Owner, fence.Envelope{Grant: g, Proof: proof, Operation: operation, Segment: a.nextSegment(g)}, a.content(), "")
 	a.send(r)
 	r.notBefore = a.w.now.Add(d)
 }
@@ -521,7 +532,7 @@ func (a *adversary) revokeEpoch() bool {
 	r.revokeEpoch(d)
 	// A write under the revoked epoch arrives after the new epoch started.
 	if held {
-		a.lateWrite(holder.g, holder.proof, d+time.Second, FaultRevokedEpoch)
+		a.lateWrite(holder.g, holder.proof, "late-"+holder.g.RequestID, d+time.Second, FaultRevokedEpoch)
 	}
 	return true
 }
@@ -597,6 +608,35 @@ func (a *adversary) policyChange() bool {
 	a.injected(FaultPolicyChange, "the operator raises spec.fenceFloor to %d", floor)
 	r.changeSpec(func(s *locksv1.FencedResourceSpec) { s.FenceFloor = floor })
 	return true
+}
+
+// receiptLog sends the holder's next segment with a receipt log that is not
+// the stored log plus that segment: history dropped or a receipt forged.
+func (a *adversary) receiptLog() bool {
+	src, ok := a.holderGrant()
+	if !ok {
+		return false
+	}
+	var how string
+	var mangle func([]fence.Receipt) []fence.Receipt
+	switch v := a.w.rng.IntN(3); {
+	case v == 0 && len(a.storedState().Receipts) > 0:
+		how, mangle = "the stored receipts dropped", func(l []fence.Receipt) []fence.Receipt { return l[len(l)-1:] }
+	case v <= 1:
+		how, mangle = "the new receipt's digest forged", func(l []fence.Receipt) []fence.Receipt {
+			l[len(l)-1].Receipt = fence.ReceiptDigest(resourceID, 1, src.g.OperationRoot, 1, "forged", l[len(l)-1].Payload)
+			return l
+		}
+	default:
+		how, mangle = "an extra receipt added", func(l []fence.Receipt) []fence.Receipt {
+			return fence.AppendReceipt(l, fence.Receipt{Fence: 1, Segment: 99, Operation: "invented", Payload: l[len(l)-1].Payload, Receipt: l[len(l)-1].Receipt})
+		}
+	}
+	env := fence.Envelope{Grant: src.g, Proof: src.proof, Operation: "op-" + src.g.RequestID, Segment: a.nextSegment(src.g)}
+	r := &request{kind: reqWriteObject, user: src.g.Owner, fault: FaultReceiptLog, rebuild: &craftSpec{env: env, content: a.content(), mangleLog: mangle}}
+	a.rebuild(r)
+	a.send(r)
+	return a.injected(FaultReceiptLog, "%s's next segment (fence %d) with %s", src.g.Owner, src.g.FenceToken, how)
 }
 
 // onReply: the adversary does not act on answers; the verdicts are counted

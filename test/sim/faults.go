@@ -35,6 +35,7 @@ const (
 	FaultUnfencedWrite
 	FaultIssuerFailover
 	FaultPolicyChange
+	FaultReceiptLog
 	numFaults
 )
 
@@ -44,7 +45,7 @@ var faultNames = [numFaults]string{
 	"replayed old envelope", "restored registry snapshot", "lost write ACK", "forged grant",
 	"oversized/out-of-range token", "tampered grant", "cross-resource proof replay", "revoked issuer epoch",
 	"stolen grant (other identity)", "payload mismatch", "write without fresh fence", "issuer failover (new epoch)",
-	"policy change (fenceFloor raised)",
+	"policy change (fenceFloor raised)", "tampered receipt log",
 }
 
 func (f Fault) String() string {

@@ -7,11 +7,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
 // The oracle judges every write the acceptance point let through. It is
@@ -35,6 +37,13 @@ type oracle struct {
 	lastFence   int64
 	lastDigest  string
 	lastSegment int64
+	// written is every segment the object stored, by fence/segment/operation.
+	written map[string]writtenSegment
+}
+
+type writtenSegment struct {
+	payload string
+	tick    int64 // when it was stored
 }
 
 type issuedGrant struct {
@@ -59,7 +68,7 @@ type oracleRegistry struct {
 func (o oracleRegistry) clone() oracleRegistry { return o }
 
 func newOracle(w *world) *oracle {
-	return &oracle{w: w, issued: map[string]issuedGrant{}, deadlines: map[string]time.Time{}}
+	return &oracle{w: w, issued: map[string]issuedGrant{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}}
 }
 
 // Kinds of violation; each has its counter in Counters.
@@ -74,6 +83,8 @@ const (
 	vSkippedSegment
 	vRegressedToken
 	vUncheckedMutation
+	vReceiptLog
+	vUnknownMisresolved
 	vLiveness
 	vNotLinearizable
 	vSimulator
@@ -82,7 +93,8 @@ const (
 
 var violationNames = [...]string{"accepted stale write", "accepted forged/tampered/cross-resource grant",
 	"accepted unauthenticated write", "authentication failure changed highestFence", "accepted write from an expired owner",
-	"accepted skipped segment", "accepted regressed token", "mutation not checked", "liveness",
+	"accepted skipped segment", "accepted regressed token", "mutation not checked",
+	"accepted write with a wrong receipt log", "MUTATION_UNKNOWN resolved wrongly", "liveness",
 	"history not linearizable", "simulator error"}
 
 // Violation is one broken rule in one schedule.
@@ -257,6 +269,9 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	case f > o.lastFence && seg != 1:
 		o.violation(vSkippedSegment, "%s accepted as the first segment of fence %d", what, f)
 	}
+	if !o.receiptLogExtended(old, obj, e) {
+		o.violation(vReceiptLog, "%s accepted: its receipt log is not the stored log plus this segment", what)
+	}
 	o.recordAccepted(e)
 	res.Commits++
 }
@@ -267,6 +282,55 @@ func (o *oracle) recordAccepted(e *oracleEnvelope) {
 	}
 	o.acceptedAny = true
 	o.lastFence, o.lastDigest, o.lastSegment = e.grant.FenceToken, e.digest, e.Segment
+	o.written[segmentKey(e.grant.FenceToken, e.Segment, e.Operation)] = writtenSegment{e.Payload, o.w.tick}
+}
+
+func segmentKey(fence, segment int64, operation string) string {
+	return fmt.Sprintf("%d/%d/%s", fence, segment, operation)
+}
+
+// oracleReceipt is one receipt log entry as DESIGN.md defines it.
+type oracleReceipt struct {
+	Fence     int64  `json:"fence"`
+	Segment   int64  `json:"segment"`
+	Operation string `json:"operation"`
+	Payload   string `json:"payload"`
+	Receipt   string `json:"receipt"`
+}
+
+// receiptLogExtended: the new receipt log is the stored one plus this
+// segment's receipt (sha256 of "resourceID\nfence\nroot\nsegment\noperation\npayload"),
+// trimmed to the newest 32.
+func (o *oracle) receiptLogExtended(old, obj map[string]any, e *oracleEnvelope) bool {
+	var before, after []oracleReceipt
+	if old != nil {
+		if raw := annotations(old)[fence.AnnotationReceipts]; raw != "" && json.Unmarshal([]byte(raw), &before) != nil {
+			return false
+		}
+	}
+	if json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &after) != nil {
+		return false
+	}
+	g := e.grant
+	want := append(before, oracleReceipt{Fence: g.FenceToken, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
+		Receipt: digestOf(fmt.Appendf(nil, "%s\n%d\n%s\n%d\n%s\n%s", resourceID, g.FenceToken, g.OperationRoot, e.Segment, e.Operation, e.Payload))})
+	if len(want) > 32 {
+		want = want[len(want)-32:]
+	}
+	return slices.Equal(want, after)
+}
+
+// unknownResolved checks a client's resolution of a MUTATION_UNKNOWN against
+// what the object really stored when the client read it (at tick read).
+func (o *oracle) unknownResolved(want fence.Receipt, outcome lockclient.Resolution, read int64) {
+	seg, stored := o.written[segmentKey(want.Fence, want.Segment, want.Operation)]
+	stored = stored && seg.tick <= read
+	switch {
+	case outcome == lockclient.Applied && (!stored || seg.payload != want.Payload):
+		o.violation(vUnknownMisresolved, "fence %d segment %d resolved as applied, but the object never stored it", want.Fence, want.Segment)
+	case outcome == lockclient.ProvenAbsent && stored:
+		o.violation(vUnknownMisresolved, "fence %d segment %d resolved as proven absent, but the object stored it", want.Fence, want.Segment)
+	}
 }
 
 // authenticate applies DESIGN.md's authentication list to a write.

@@ -51,7 +51,8 @@ func TestReleaseGates(t *testing.T) {
 	// write (DESIGN.md), or the schedules are not exploring what they claim.
 	for _, v := range []fence.Verdict{fence.Accepted, fence.Unchanged, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant,
 		fence.WrongResource, fence.WrongOwner, fence.RevokedEpoch, fence.PayloadMismatch, fence.FenceRegression, fence.StaleOwner,
-		fence.RootMismatch, fence.NotHeld, fence.PolicyStale, fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined} {
+		fence.RootMismatch, fence.NotHeld, fence.PolicyStale, fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined,
+		fence.ReceiptLogMismatch} {
 		if rep.Verdicts[v] == 0 {
 			t.Errorf("no schedule produced verdict %s", v)
 		}
@@ -122,6 +123,9 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 		{"accepts segments out of order", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.SegmentOutOfOrder
 		}, []Fault{FaultOutOfOrderSegment}, vSkippedSegment},
+		{"accepts a receipt log that is not the stored log plus the segment", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.ReceiptLogMismatch
+		}, []Fault{FaultReceiptLog}, vReceiptLog},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

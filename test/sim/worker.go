@@ -301,7 +301,7 @@ func (k *worker) onReply(rp *reply) {
 		}
 	case reqGetObject:
 		if k.unknown != nil {
-			k.resolve(rp.object)
+			k.resolve(rp.object, rp.served)
 		} else {
 			k.prepare(rp.object)
 		}
@@ -417,7 +417,7 @@ func (k *worker) reacquireAtOnce() {
 	l := k.lock
 	k.w.res.Faults[FaultReleaseReacquire]++
 	k.w.tracef("FAULT %s: %s requests the lock again before its release is confirmed", FaultReleaseReacquire, k.name)
-	k.w.adv.lateWrite(l.grant, l.proof, time.Duration(k.w.rng.IntN(3000))*time.Millisecond, FaultReleaseReacquire)
+	k.w.adv.lateWrite(l.grant, l.proof, l.operation, time.Duration(k.w.rng.IntN(3000))*time.Millisecond, FaultReleaseReacquire)
 	k.lock = nil
 	if l.committed >= int64(k.segments) {
 		k.jobDone(false)
@@ -537,9 +537,9 @@ func (k *worker) giveUp() {
 	k.setState(lockclient.StateExpired)
 }
 
-// resolve decides a write of unknown outcome from the object's receipt log,
-// with the client library's rule (lockclient.ResolveFromLog).
-func (k *worker) resolve(obj map[string]any) {
+// resolve decides a write of unknown outcome from the object's receipt log
+// (as read at tick read), with the client library's rule (lockclient.ResolveFromLog).
+func (k *worker) resolve(obj map[string]any, read int64) {
 	u := k.unknown
 	k.unknown = nil
 	outcome := lockclient.Undeterminable
@@ -554,6 +554,7 @@ func (k *worker) resolve(obj map[string]any) {
 	}
 	res := k.w.res
 	res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
+	k.w.oracle.unknownResolved(u.want, outcome, read)
 	switch outcome {
 	case lockclient.Applied:
 		k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: applied", k.name)

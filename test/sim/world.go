@@ -107,6 +107,7 @@ type reply struct {
 	message string
 	grant   *locksv1.LockGrant // LockGrant requests
 	object  map[string]any     // reqGetObject: the stored object, nil when absent
+	served  int64              // the tick at which the server processed the request
 }
 
 // world is one schedule.
@@ -360,6 +361,7 @@ func (w *world) deliverRequest(r *request) {
 	default:
 		rp = w.reg.serve(r)
 	}
+	rp.served = w.tick
 	if r.dropReply {
 		w.tracef("  lost: the answer to %s's %s (#%d: %s)", r.user, r.kind, r.id, rp.summary())
 		return
