@@ -455,5 +455,3 @@ func contentDigest(obj map[string]any) string {
 	}
 	return digestOf(bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
 }
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

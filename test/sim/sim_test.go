@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"os"
 	"runtime/debug"
@@ -91,7 +92,7 @@ func brokenRule(allow func(req admission.Request, verdict fence.Verdict) bool) f
 // but its operation root is another one.
 func equalFenceOtherRoot(req admission.Request) bool {
 	oldObj, newObj := map[string]any{}, map[string]any{}
-	if len(req.OldObject.Raw) == 0 || jsonUnmarshal(req.OldObject.Raw, &oldObj) != nil || jsonUnmarshal(req.Object.Raw, &newObj) != nil {
+	if len(req.OldObject.Raw) == 0 || json.Unmarshal(req.OldObject.Raw, &oldObj) != nil || json.Unmarshal(req.Object.Raw, &newObj) != nil {
 		return false
 	}
 	st, err := fence.StateOf(annotations(oldObj)[fence.AnnotationFence], annotations(oldObj)[fence.AnnotationReceipts])

@@ -113,7 +113,6 @@ type reply struct {
 // world is one schedule.
 type world struct {
 	cfg   Config
-	seed  uint64
 	rng   *rand.Rand
 	now   time.Time
 	clock *testingclock.FakeClock
@@ -160,7 +159,7 @@ type action struct {
 }
 
 func newWorld(seed uint64, cfg Config) *world {
-	w := &world{cfg: cfg, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simStart,
+	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simStart,
 		envelopes: map[string]parsedEnvelope{}}
 	w.clock = testingclock.NewFakeClock(w.now)
 	w.res = &Result{Seed: seed}
