@@ -118,6 +118,14 @@ func TestVerifyRejectsForeignAndMangledProofs(t *testing.T) {
 	impostor := "ed25519:" + trusted.KeyID() + ":" + strings.SplitN(foreign, ":", 3)[2]
 	flipped := []byte(proof)
 	flipped[len(flipped)-5] ^= 0x01
+	// The same signature bytes spelled differently: a set unused padding bit
+	// (the last character before "==" carries 2 signature bits and 4 unused ones),
+	// or a line break the lenient decoder would skip.
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	paddingBit := []byte(proof)
+	last := len(paddingBit) - 3
+	paddingBit[last] = alphabet[strings.IndexByte(alphabet, paddingBit[last])^0x01]
+	lineBreak := proof[:len(proof)-20] + "\n" + proof[len(proof)-20:]
 	cases := map[string]struct {
 		proof string
 		want  error
@@ -130,6 +138,8 @@ func TestVerifyRejectsForeignAndMangledProofs(t *testing.T) {
 		"short signature":   {"ed25519:" + trusted.KeyID() + ":AAAA", ErrMalformed},
 		"missing signature": {"ed25519:" + trusted.KeyID(), ErrMalformed},
 		"empty":             {"", ErrMalformed},
+		"padding bit set":   {string(paddingBit), ErrMalformed},
+		"line break":        {lineBreak, ErrMalformed},
 	}
 	for name, c := range cases {
 		if err := b.Verify(g, digest, c.proof); !errors.Is(err, c.want) {

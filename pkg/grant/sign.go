@@ -166,8 +166,10 @@ func parseProof(proof string) (keyID string, sig []byte, err error) {
 	if !ok || !keyIDRE.MatchString(keyID) {
 		return "", nil, fmt.Errorf("%w: proof is not ed25519:<keyID>:<base64 signature>", ErrMalformed)
 	}
-	sig, err = base64.StdEncoding.DecodeString(enc)
-	if err != nil || len(sig) != ed25519.SignatureSize {
+	// One spelling per signature: strict padding bits, and no CR/LF (which the
+	// decoder would otherwise skip).
+	sig, err = base64.StdEncoding.Strict().DecodeString(enc)
+	if err != nil || len(sig) != ed25519.SignatureSize || strings.ContainsAny(enc, "\r\n") {
 		return "", nil, fmt.Errorf("%w: proof signature is not base64 of %d bytes", ErrMalformed, ed25519.SignatureSize)
 	}
 	return keyID, sig, nil
