@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -408,6 +409,9 @@ func (p *inProcess) Describe() string {
 
 func (p *inProcess) Memory() (memSample, error) {
 	m, err := procMemory(os.Getpid())
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	m.Heap = ms.HeapInuse
 	m.Source = "/proc/self/status of the bench process (operator in-process: includes the bench's own clients)"
 	return m, err
 }

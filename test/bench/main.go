@@ -74,21 +74,21 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.profilePhase, "profile-phase", "", "Capture CPU profiles (kube-apiserver's /debug/pprof, the operator's when -in-process, and etcd's /debug/pprof) while this phase runs.")
 	fs.StringVar(&c.profileDir, "profile-dir", "bin/bench/profiles", "Where -profile-phase writes its profiles.")
 	fs.BoolVar(&c.failOnMiss, "fail-on-miss", false, "Exit 2 when a target is missed (default: exit 0 once the run completed).")
-	fs.IntVar(&c.warmup, "warmup", 50, "Handoffs discarded before each release-handoff sample.")
+	fs.IntVar(&c.warmup, "warmup", 30, "Handoffs discarded before each release-handoff sample.")
 	fs.IntVar(&c.handoffs, "handoffs", 1000, "Release handoffs measured, fencekeeper and raw CAS+watch each.")
-	fs.IntVar(&c.leHandoffs, "le-handoffs", 200, "client-go leaderelection handoffs measured (each waits up to ~2.2 retry periods).")
+	fs.IntVar(&c.leHandoffs, "le-handoffs", 100, "client-go leaderelection handoffs measured (each waits up to ~2.2 retry periods).")
 	fs.DurationVar(&c.leRetry, "le-retry", 100*time.Millisecond, "client-go leaderelection RetryPeriod of the reference.")
-	fs.IntVar(&c.expiries, "expiries", 400, "Expiry handoffs measured (1 s leases).")
+	fs.IntVar(&c.expiries, "expiries", 300, "Expiry handoffs measured (1 s leases).")
 	fs.IntVar(&c.expiryPar, "expiry-parallel", 8, "Resources whose expiry chains run side by side, staggered.")
 	fs.DurationVar(&c.tputDuration, "throughput-duration", 10*time.Second, "Measured window of each throughput run.")
 	fs.DurationVar(&c.tputWarmup, "throughput-warmup", 2*time.Second, "Unmeasured warm-up before each throughput window.")
 	fs.IntVar(&c.clients, "clients", 8, "Closed-loop clients C of the throughput runs.")
 	fs.IntVar(&c.contendedOn, "contended-resources", 2, "Shared resources of the contended throughput runs.")
 	fs.StringVar(&rates, "rates", "25,50,100", "Request rates (updates/s, protected and unprotected together) of the webhook-overhead runs.")
-	fs.IntVar(&c.webhookSamples, "webhook-samples", 500, "Updates measured per kind (protected, unprotected) at each rate.")
+	fs.IntVar(&c.webhookSamples, "webhook-samples", 400, "Updates measured per kind (protected, unprotected) at each rate.")
 	fs.StringVar(&sizes, "scale", "1000,10000", "FencedResource counts of the scale runs, each with an active grant.")
-	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 300, "Release handoffs measured at each scale size.")
-	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 300, "Protected and unprotected updates measured at each scale size.")
+	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 200, "Release handoffs measured at each scale size.")
+	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 200, "Protected and unprotected updates measured at each scale size.")
 	fs.IntVar(&c.loaders, "loaders", 8, "Parallel clients creating the scale runs' FencedResources and grants.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -227,7 +227,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) (*report, error) {
 		t := time.Now()
 		fmt.Fprintf(log, "== %s\n", name)
 		var stopProfiles func()
-		if cfg.profilePhase == name {
+		if cfg.profilePhase == name && name != "scale" { // scale profiles each size's measurements
 			stopProfiles = e.startProfiles(ctx, cfg, name, log)
 		}
 		err := f()

@@ -84,7 +84,7 @@ func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer
 			return fmt.Errorf("fencekeeper handoffs: %w", err)
 		}
 		fk = append(fk, s...)
-		s, err = e.registryWatchHandoffs(ctx, ns, fmt.Sprintf("proto-%d", b), warm, n)
+		s, err = e.registryWatchHandoffs(ctx, ns, fmt.Sprintf("proto-%d", b), warm, max(1, n/4))
 		if err != nil {
 			return fmt.Errorf("prototype handoffs: %w", err)
 		}

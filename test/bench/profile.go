@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"testing"
 	"time"
@@ -62,6 +63,25 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 		fmt.Fprintf(log, "   profiles of %s in %s (merge: go tool pprof -top %s)\n", phase, cfg.profileDir,
 			filepath.Join(cfg.profileDir, phase+"-kube-apiserver-*.pprof"))
 	}
+}
+
+// heapProfile writes this process's heap profile (with -in-process it holds
+// the operator's informer caches).
+func (e *env) heapProfile(cfg *config, label string, log io.Writer) {
+	if !cfg.inProcess {
+		return
+	}
+	if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
+		return
+	}
+	runtime.GC()
+	f, err := os.Create(filepath.Join(cfg.profileDir, label+"-heap.pprof"))
+	if err != nil {
+		fmt.Fprintf(log, "   heap profile: %v\n", err)
+		return
+	}
+	defer f.Close()
+	_ = pprof.WriteHeapProfile(f)
 }
 
 // benchTime shortens testing.Benchmark's run time (quick mode).

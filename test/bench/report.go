@@ -141,7 +141,7 @@ func (r *report) print(out io.Writer) {
 		distRow(fmt.Sprintf("leaderelection ReleaseOnCancel (retry %s)", h.LERetryPeriod), h.LeaderElection)
 		row("fencekeeper first 10% / last 10% p99", "", "", "", fmt.Sprintf("%s / %s", fmtF(h.FirstTenthP99), fmtF(h.LastTenthP99)), "")
 		tw.Flush()
-		fmt.Fprintln(out, "  * same operator, a client following the FencedResource status instead of the LockGrant mirror (proposed lockclient change; not judged)")
+		fmt.Fprintln(out, "  * same operator, a client following the FencedResource status instead of the LockGrant mirror (proposed lockclient change; a quarter of the samples; not judged)")
 		section("   where a fencekeeper handoff's time goes (ms after Release was called)")
 		row("step", "p50", "p99")
 		for _, s := range h.Stages {
@@ -176,16 +176,30 @@ func (r *report) print(out io.Writer) {
 		tw.Flush()
 		fmt.Fprintf(out, "webhook handler (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
 		fmt.Fprintf(out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
+		fmt.Fprintf(out, "  (both interpolated within coarse histogram buckets)\n")
+		fmt.Fprintf(out, "registry read the webhook must make (GET FencedResource, measured from a client at %g/s): p50 %s ms, p99 %s ms (n=%d)\n",
+			w.RegistryGetRate, fmtF(w.RegistryGet.P50), fmtF(w.RegistryGet.P99), w.RegistryGet.N)
 	}
 	if s := r.Scale; s != nil {
 		section("5. Scale: FencedResources with active grants")
-		row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver RSS MiB", "etcd RSS MiB", "handoff p50", "handoff p99", "protected p99", "unprotected p99", "FR create p50")
+		row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver MiB", "etcd MiB",
+			"handoff p50/p99 ms", "protected p50/p99 ms", "unprotected p50/p99 ms", "acquire p50/p99 ms", "FR+target create p50 ms")
+		pair := func(d dist) string { return fmtF(d.P50) + " / " + fmtF(d.P99) }
 		for _, x := range s.Sizes {
+			create := fmtF(x.CreateWithTarget.P50)
+			if x.CreateFailures > 0 {
+				create = fmt.Sprintf("%s (%d of 5 refused)", create, x.CreateFailures)
+			}
 			row(x.Resources, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
-				x.Handoff.P50, x.Handoff.P99, x.Protected.P99, x.Unprotected.P99, x.CreateWithTarget.P50)
+				pair(x.Handoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
 		}
 		tw.Flush()
 		fmt.Fprintf(out, "memory: %s\n", s.MemorySource)
+		for _, x := range s.Sizes {
+			if x.CreateError != "" {
+				fmt.Fprintf(out, "FencedResource-with-target create at %d: %s\n", x.Resources, x.CreateError)
+			}
+		}
 	}
 	section("Targets (issue 6)")
 	row("target", "rule", "measured", "limit", "result")

@@ -33,9 +33,14 @@ type scaleSize struct {
 	Handoff         dist    `json:"release_handoff"`
 	Protected       dist    `json:"protected_update"`
 	Unprotected     dist    `json:"unprotected_update"`
+	// Acquire: uncontended Acquire (LockGrant create → HELD) on a fresh resource.
+	Acquire dist `json:"uncontended_acquire"`
 	// CreateWithTarget: creating a FencedResource with a target in the loaded
-	// namespace (its webhook lists the namespace's FencedResources).
-	CreateWithTarget dist `json:"create_fencedresource_with_target"`
+	// namespace (its webhook lists the namespace's FencedResources);
+	// CreateFailures counts attempts the API server refused, with the first error.
+	CreateWithTarget dist   `json:"create_fencedresource_with_target"`
+	CreateFailures   int    `json:"create_fencedresource_with_target_failures"`
+	CreateError      string `json:"create_fencedresource_with_target_error,omitempty"`
 }
 
 func mib(b uint64) float64 { return round2(float64(b) / (1 << 20)) }
@@ -74,11 +79,32 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			}
 		}
 	}()
+	// The protected objects exist before the registry grows around them
+	// (creating a FencedResource with a target gets slower as the namespace
+	// fills up; that is measured separately below).
+	lc, kube, err := e.worker(ctx, ns)
+	if err != nil {
+		return err
+	}
+	var pairs []*fencedPair
+	for i := 0; i < 4; i++ {
+		p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d", i), lc, kube)
+		if err != nil {
+			return err
+		}
+		pairs = append(pairs, p)
+	}
+	defer func() {
+		for _, p := range pairs {
+			_ = p.lock.Release(context.WithoutCancel(ctx))
+		}
+	}()
+	base := ph.held.Load()
 	loaded := 0
 	for _, size := range cfg.scaleSizes {
 		peak.Store(0)
 		t := time.Now()
-		if err := e.load(ctx, ns, ph, loaded, size, cfg.loaders, log); err != nil {
+		if err := e.load(ctx, ns, ph, base, loaded, size, cfg.loaders, log); err != nil {
 			return err
 		}
 		loaded = size
@@ -96,6 +122,11 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		x.APIServerRSSMiB, x.EtcdRSSMiB = mib(children["kube-apiserver"]), mib(children["etcd"])
 		fmt.Fprintf(log, "   %d resources loaded in %.0fs: operator RSS %.0f MiB (heap %.0f MiB)\n", size, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorHeapMiB)
 
+		var stopProfiles func()
+		if cfg.profilePhase == "scale" {
+			e.heapProfile(cfg, fmt.Sprintf("scale-%d", size), log)
+			stopProfiles = e.startProfiles(ctx, cfg, fmt.Sprintf("scale-%d", size), log)
+		}
 		probe := fmt.Sprintf("probe-%d", size)
 		hs, err := e.releaseHandoffs(ctx, ns, probe, min(20, cfg.warmup), cfg.scaleHandoffs, nil)
 		if err != nil {
@@ -103,29 +134,27 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		}
 		x.Handoff = summarize(hs)
 
-		// FencedResource creation with a target lists the namespace's entries.
-		var creates []time.Duration
-		for i := 0; i < 10; i++ {
-			t := time.Now()
-			if err := e.fencedResource(ctx, ns, fmt.Sprintf("target-probe-%d-%d", size, i), 60, fmt.Sprintf("target-probe-%d-%d", size, i)); err != nil {
-				return err
-			}
-			creates = append(creates, time.Since(t))
-		}
-		x.CreateWithTarget = summarize(creates)
-
-		lc, kube, err := e.worker(ctx, ns)
-		if err != nil {
+		// Uncontended acquire → release on a fresh resource.
+		var acq []time.Duration
+		acqRes := fmt.Sprintf("acquire-%d", size)
+		if err := e.fencedResource(ctx, ns, acqRes, 60, ""); err != nil {
 			return err
 		}
-		var pairs []*fencedPair
-		for i := 0; i < 4; i++ {
-			p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d-%d", size, i), lc, kube)
+		for i := 0; i < 30; i++ {
+			t := time.Now()
+			l, err := lc.Acquire(ctx, acqRes, lockclient.AcquireOptions{})
 			if err != nil {
+				return fmt.Errorf("acquire at %d: %w", size, err)
+			}
+			if i >= 5 {
+				acq = append(acq, time.Since(t))
+			}
+			if err := l.Release(ctx); err != nil {
 				return err
 			}
-			pairs = append(pairs, p)
 		}
+		x.Acquire = summarize(acq)
+
 		if _, _, err := interleaved(ctx, pairs, 50, 10); err != nil {
 			return err
 		}
@@ -133,18 +162,34 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		if err != nil {
 			return err
 		}
-		for _, p := range pairs {
-			if err := p.lock.Release(ctx); err != nil {
-				return err
-			}
-		}
 		x.Protected, x.Unprotected = summarize(prot), summarize(unprot)
+		if stopProfiles != nil {
+			stopProfiles()
+		}
+
+		// FencedResource creation with a target: its webhook lists the
+		// namespace's FencedResources. A refusal (webhook timeout) is a result.
+		var creates []time.Duration
+		for i := 0; i < 5; i++ {
+			name := fmt.Sprintf("target-probe-%d-%d", size, i)
+			t := time.Now()
+			if err := e.fencedResource(ctx, ns, name, 60, name); err != nil {
+				x.CreateFailures++
+				if x.CreateError == "" {
+					x.CreateError = fmt.Sprintf("after %s: %v", time.Since(t).Round(time.Millisecond), err)
+				}
+				continue
+			}
+			creates = append(creates, time.Since(t))
+		}
+		x.CreateWithTarget = summarize(creates)
 		m, err = e.op.Memory()
 		if err == nil && m.RSS > peak.Load() {
 			peak.Store(m.RSS)
 		}
 		x.OperatorPeakMiB = mib(peak.Load())
-		fmt.Fprintf(log, "   at %d: handoff p99 %.2f ms, protected p99 %.2f ms, peak RSS %.0f MiB\n", size, x.Handoff.P99, x.Protected.P99, x.OperatorPeakMiB)
+		fmt.Fprintf(log, "   at %d: handoff p99 %.2f ms, protected p99 %.2f ms, peak RSS %.0f MiB, FencedResource-with-target creates refused: %d\n",
+			size, x.Handoff.P99, x.Protected.P99, x.OperatorPeakMiB, x.CreateFailures)
 		s.Sizes = append(s.Sizes, x)
 	}
 	if len(s.Sizes) >= 2 {
@@ -165,8 +210,8 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 // a held grant: loaders create the entries and LockGrants directly (as
 // lockclient would, without a watch per grant) and wait until every grant is
 // Held. Leases are an hour, so nothing renews during the run.
-func (e *env) load(ctx context.Context, ns string, ph *phases, from, to, loaders int, log io.Writer) error {
-	start := ph.held.Load()
+func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from, to, loaders int, log io.Writer) error {
+	start := base + int64(from)
 	next := atomic.Int64{}
 	next.Store(int64(from))
 	var wg sync.WaitGroup

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
@@ -31,6 +32,10 @@ type webhookResult struct {
 	// (apiserver_admission_webhook_admission_duration_seconds, UPDATE).
 	APIServerWebhookP50 float64 `json:"apiserver_webhook_call_p50_ms"`
 	APIServerWebhookP99 float64 `json:"apiserver_webhook_call_p99_ms"`
+	// RegistryGet: a client's GET of a FencedResource — the linearizable
+	// read DESIGN.md requires of the webhook on every protected write.
+	RegistryGet     dist    `json:"registry_get"`
+	RegistryGetRate float64 `json:"registry_get_rate_per_second"`
 }
 
 type webhookRate struct {
@@ -200,6 +205,22 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 			fmt.Sprintf("%g updates/s interleaved: protected p50/p99 %s/%s ms, unprotected %s/%s ms",
 				rate, fmtF(x.Protected.P50), fmtF(x.Protected.P99), fmtF(x.Unprotected.P50), fmtF(x.Unprotected.P99)))
 	}
+	// The read every protected write adds, on its own: GETs of the pairs'
+	// FencedResources at the middle rate.
+	w.RegistryGetRate = cfg.rates[len(cfg.rates)/2]
+	var gets []time.Duration
+	interval := time.Duration(float64(time.Second) / w.RegistryGetRate)
+	for i := 0; i < max(50, cfg.webhookSamples/2); i++ {
+		var fr locksv1.FencedResource
+		t := time.Now()
+		if err := kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("wh-%d", i%npairs)}, &fr); err != nil {
+			return err
+		}
+		d := time.Since(t)
+		gets = append(gets, d)
+		time.Sleep(max(0, interval-d))
+	}
+	w.RegistryGet = summarize(gets)
 	if opAfter, err := e.op.Metrics(ctx); err == nil {
 		h := histogramDelta(opAfter, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
 		w.AdmissionP50, w.AdmissionP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
