@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -171,7 +172,22 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, warmup, 
 // measured from the holder's Release call (the bench's own watches see the
 // registry and LockGrant changes, as the waiter's watch does).
 type handoffStages struct {
+	IssuerNoticed                                                            []time.Duration
 	ReleaseAnswered, RegistryCAS, HolderReleased, WaiterHeld, WaiterReturned []time.Duration
+}
+
+// expiredAtRE reads the issuer's clock reading out of an Expired LockGrant's
+// condition ("expired at <RFC3339Nano> (issuer clock)").
+var expiredAtRE = regexp.MustCompile(`expired at (\S+) \(issuer clock\)`)
+
+func issuerExpiredAt(lg *locksv1.LockGrant) time.Time {
+	for _, c := range lg.Status.Conditions {
+		if m := expiredAtRE.FindStringSubmatch(c.Message); c.Type == locksv1.ConditionIssued && m != nil {
+			t, _ := time.Parse(time.RFC3339Nano, m[1])
+			return t
+		}
+	}
+	return time.Time{}
 }
 
 func (s *handoffStages) add(t0, put, cas, released, held, returned time.Time) {
@@ -453,11 +469,14 @@ func (e *env) leaderElectionHandoffs(ctx context.Context, ns string, warmup, n i
 // sample is the time from the grant's expiresAt, as the issuer wrote it (its
 // clock), to the queued waiter's Acquire returning HELD. parallel chains on
 // distinct resources run staggered so their expiries do not coincide.
-func (e *env) expiryHandoffs(ctx context.Context, ns string, parallel, n int) ([]time.Duration, error) {
+func (e *env) expiryHandoffs(ctx context.Context, ns string, parallel, n int, stages *handoffStages) ([]time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ph, err := e.followPhases(ctx, ns)
 	if err != nil {
+		return nil, err
+	}
+	if err := e.followFences(ctx, ns, ph); err != nil {
 		return nil, err
 	}
 	var (
@@ -482,10 +501,19 @@ func (e *env) expiryHandoffs(ctx context.Context, ns string, parallel, n int) ([
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Duration(p) * time.Second / time.Duration(parallel))
-			err := expiryChain(ctx, ph, e.admin, ns, ws, resource, per+1, func(d time.Duration) {
+			err := expiryChain(ctx, ph, e.admin, ns, ws, resource, per+1, func(d time.Duration, old *locksv1.LockGrant, next *lockclient.Lock, returned time.Time) {
 				mu.Lock()
+				defer mu.Unlock()
+				if len(out) >= n {
+					return
+				}
 				out = append(out, d)
-				mu.Unlock()
+				expired := old.Status.ExpiresAt.Time
+				if noticed := issuerExpiredAt(old); !noticed.IsZero() {
+					stages.IssuerNoticed = append(stages.IssuerNoticed, noticed.Sub(expired))
+				}
+				stages.add(expired, time.Time{}, ph.fenceSeen(resource, next.Fence()), ph.seen(old.Name, locksv1.PhaseExpired),
+					ph.seen(next.Name(), locksv1.PhaseHeld), returned)
 			})
 			if err != nil {
 				mu.Lock()
@@ -495,13 +523,11 @@ func (e *env) expiryHandoffs(ctx context.Context, ns string, parallel, n int) ([
 		}()
 	}
 	wg.Wait()
-	if len(out) > n {
-		out = out[:n]
-	}
 	return out, firstEr
 }
 
-func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string, ws [2]*lockclient.Client, resource string, rounds int, sample func(time.Duration)) error {
+func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string, ws [2]*lockclient.Client, resource string, rounds int,
+	sample func(d time.Duration, old *locksv1.LockGrant, next *lockclient.Lock, returned time.Time)) error {
 	holder, err := ws[0].Acquire(ctx, resource, lockclient.AcquireOptions{})
 	if err != nil {
 		return err
@@ -538,7 +564,7 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 		// The first round is warm-up; a waiter that was not queued before the
 		// expiry instant measures its own arrival, not a handoff.
 		if i > 0 && first == locksv1.PhasePending && queuedAt.Before(old.Status.ExpiresAt.Time) {
-			sample(r.at.Sub(old.Status.ExpiresAt.Time))
+			sample(r.at.Sub(old.Status.ExpiresAt.Time), &old, r.lock, r.at)
 		}
 		holder = r.lock
 	}

@@ -33,24 +33,27 @@ type stage struct {
 	P99  float64 `json:"p99_ms"`
 }
 
-func stagesOf(s *handoffStages) []stage {
-	mk := func(name string, ds []time.Duration) stage {
+func stagesOf(s *handoffStages, ended string) []stage {
+	var out []stage
+	mk := func(name string, ds []time.Duration) {
 		var ok []time.Duration
 		for _, d := range ds {
 			if d >= 0 {
 				ok = append(ok, d)
 			}
 		}
-		x := summarize(ok)
-		return stage{name, x.P50, x.P99}
+		if len(ok) > 0 {
+			x := summarize(ok)
+			out = append(out, stage{name, x.P50, x.P99})
+		}
 	}
-	return []stage{
-		mk("release request answered (GET + PUT spec.release, LockGrant webhook)", s.ReleaseAnswered),
-		mk("registry CAS visible (FencedResource fence+1)", s.RegistryCAS),
-		mk("old holder's LockGrant Released visible", s.HolderReleased),
-		mk("waiter's LockGrant Held visible", s.WaiterHeld),
-		mk("waiter's Acquire returned", s.WaiterReturned),
-	}
+	mk("issuer's reconcile judged the lease expired (its clock, from the Expired condition)", s.IssuerNoticed)
+	mk("release request answered (GET + PUT spec.release, LockGrant webhook)", s.ReleaseAnswered)
+	mk("registry CAS visible (FencedResource fence+1)", s.RegistryCAS)
+	mk("old holder's LockGrant "+ended+" visible", s.HolderReleased)
+	mk("waiter's LockGrant Held visible", s.WaiterHeld)
+	mk("waiter's Acquire returned", s.WaiterReturned)
+	return out
 }
 
 func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer) error {
@@ -97,7 +100,7 @@ func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer
 	h.FirstTenthP99 = summarize(fk[:tenth]).P99
 	h.LastTenthP99 = summarize(fk[len(fk)-tenth:]).P99
 	h.P99Ratio = ratio(h.Fencekeeper.P99, h.Raw.P99)
-	h.Stages = stagesOf(stages)
+	h.Stages = stagesOf(stages, "Released")
 	le, err := e.leaderElectionHandoffs(ctx, ns, min(5, cfg.warmup), cfg.leHandoffs, cfg.leRetry)
 	if err != nil {
 		return fmt.Errorf("leaderelection handoffs: %w", err)
@@ -110,6 +113,9 @@ func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer
 
 type expiryResult struct {
 	Fencekeeper dist `json:"fencekeeper"`
+	// Stages: p50/p99 (ms after expiresAt) of each step, as the bench's own
+	// watches saw it.
+	Stages []stage `json:"fencekeeper_stages"`
 }
 
 func (r *report) expiry(ctx context.Context, e *env, cfg *config) error {
@@ -117,11 +123,12 @@ func (r *report) expiry(ctx context.Context, e *env, cfg *config) error {
 	if err := e.namespace(ctx, ns); err != nil {
 		return err
 	}
-	s, err := e.expiryHandoffs(ctx, ns, cfg.expiryPar, cfg.expiries)
+	stages := &handoffStages{}
+	s, err := e.expiryHandoffs(ctx, ns, cfg.expiryPar, cfg.expiries, stages)
 	if err != nil {
 		return err
 	}
-	r.Expiry = &expiryResult{Fencekeeper: summarize(s)}
+	r.Expiry = &expiryResult{Fencekeeper: summarize(s), Stages: stagesOf(stages, "Expired")}
 	r.judge("expiry handoff p99", "p99 from expiresAt to waiter HELD ≤ 100 ms", r.Expiry.Fencekeeper.P99, 100, "ms",
 		fmt.Sprintf("%d expiries of 1 s leases", r.Expiry.Fencekeeper.N))
 	return nil

@@ -152,6 +152,11 @@ func (r *report) print(out io.Writer) {
 		section("2. Expiry handoff: expiresAt (issuer clock) → waiter HELD (ms)")
 		row("mechanism", "n", "p50", "p90", "p99", "max")
 		distRow("fencekeeper, 1 s leases", x.Fencekeeper)
+		section("   where an expiry handoff's time goes (ms after expiresAt)")
+		row("step", "p50", "p99")
+		for _, s := range x.Stages {
+			row(s.Name, s.P50, s.P99)
+		}
 	}
 	if t := r.Throughput; t != nil {
 		section(fmt.Sprintf("3. Throughput: closed-loop acquire→release, %d clients, %s windows", t.Clients, t.Window))
