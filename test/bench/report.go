@@ -188,7 +188,7 @@ func (r *report) print(out io.Writer) {
 	if s := r.Scale; s != nil {
 		section("5. Scale: FencedResources with active grants")
 		row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver MiB", "etcd MiB",
-			"handoff p50/p99 ms", "protected p50/p99 ms", "unprotected p50/p99 ms", "acquire p50/p99 ms", "FR+target create p50 ms")
+			"handoff p50/p99 ms", "raw handoff p50/p99 ms", "protected p50/p99 ms", "unprotected p50/p99 ms", "acquire p50/p99 ms", "FR+target create p50 ms")
 		pair := func(d dist) string { return fmtF(d.P50) + " / " + fmtF(d.P99) }
 		for _, x := range s.Sizes {
 			create := fmtF(x.CreateWithTarget.P50)
@@ -196,7 +196,7 @@ func (r *report) print(out io.Writer) {
 				create = fmt.Sprintf("%s (%d of 5 refused)", create, x.CreateFailures)
 			}
 			row(x.Resources, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
-				pair(x.Handoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
+				pair(x.Handoff), pair(x.RawHandoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
 		}
 		tw.Flush()
 		fmt.Fprintf(out, "memory: %s\n", s.MemorySource)

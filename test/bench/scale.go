@@ -31,8 +31,11 @@ type scaleSize struct {
 	APIServerRSSMiB float64 `json:"kube_apiserver_rss_mib"`
 	EtcdRSSMiB      float64 `json:"etcd_rss_mib"`
 	Handoff         dist    `json:"release_handoff"`
-	Protected       dist    `json:"protected_update"`
-	Unprotected     dist    `json:"unprotected_update"`
+	// RawHandoff: the raw Lease CAS + watch handoff at the same size, the
+	// control for what the platform itself does as it fills up.
+	RawHandoff  dist `json:"raw_lease_handoff"`
+	Protected   dist `json:"protected_update"`
+	Unprotected dist `json:"unprotected_update"`
 	// Acquire: uncontended Acquire (LockGrant create → HELD) on a fresh resource.
 	Acquire dist `json:"uncontended_acquire"`
 	// CreateWithTarget: creating a FencedResource with a target in the loaded
@@ -133,6 +136,11 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			return fmt.Errorf("handoffs at %d: %w", size, err)
 		}
 		x.Handoff = summarize(hs)
+		rs, err := e.rawHandoffs(ctx, ns, fmt.Sprintf("raw-probe-%d", size), min(20, cfg.warmup), cfg.scaleHandoffs)
+		if err != nil {
+			return fmt.Errorf("raw handoffs at %d: %w", size, err)
+		}
+		x.RawHandoff = summarize(rs)
 
 		// Uncontended acquire → release on a fresh resource.
 		var acq []time.Duration
@@ -196,10 +204,12 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		small, big := s.Sizes[0], s.Sizes[len(s.Sizes)-1]
 		r.judge(fmt.Sprintf("scale handoff p99 %d vs %d", big.Resources, small.Resources), "within 1.5×",
 			ratio(big.Handoff.P99, small.Handoff.P99), 1.5, "×",
-			fmt.Sprintf("handoff p99 %s ms at %d, %s ms at %d", fmtF(big.Handoff.P99), big.Resources, fmtF(small.Handoff.P99), small.Resources))
+			fmt.Sprintf("handoff p99 %s ms at %d, %s ms at %d (control: raw Lease handoff p99 %s → %s ms, %s×)", fmtF(big.Handoff.P99), big.Resources,
+				fmtF(small.Handoff.P99), small.Resources, fmtF(small.RawHandoff.P99), fmtF(big.RawHandoff.P99), fmtF(ratio(big.RawHandoff.P99, small.RawHandoff.P99))))
 		r.judge(fmt.Sprintf("scale webhook p99 %d vs %d", big.Resources, small.Resources), "within 1.5×",
 			ratio(big.Protected.P99, small.Protected.P99), 1.5, "×",
-			fmt.Sprintf("protected update p99 %s ms at %d, %s ms at %d", fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources))
+			fmt.Sprintf("protected update p99 %s ms at %d, %s ms at %d (control: unprotected update p99 %s → %s ms, %s×)", fmtF(big.Protected.P99), big.Resources,
+				fmtF(small.Protected.P99), small.Resources, fmtF(small.Unprotected.P99), fmtF(big.Unprotected.P99), fmtF(ratio(big.Unprotected.P99, small.Unprotected.P99))))
 		r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS < 512 MiB", big.OperatorPeakMiB, 512, "MiB",
 			fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
 	}
