@@ -95,3 +95,7 @@ dev: control-plane ## Embedded control plane + operator (self-signed webhook cer
 .PHONY: gates
 gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n replays one with its trace; BASE_SEED=n, SCHEDULES=n).
 	go run ./test/sim/cmd/gates -schedules=$(or $(SCHEDULES),100000) $(if $(BASE_SEED),-base-seed=$(BASE_SEED)) $(if $(SEED),-seed=$(SEED))
+
+.PHONY: bench
+bench: control-plane ## Benchmarks vs raw baselines in one run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL, writes bin/bench/results.json (BENCH_FLAGS=-quick for a smoke run).
+	go run ./test/bench $(BENCH_FLAGS)
