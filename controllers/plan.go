@@ -114,6 +114,10 @@ func isHolder(h *locksv1.Holder, lg *locksv1.LockGrant) bool {
 // at most one holder; status.fenceToken never decreases; a new fence is
 // max(fenceToken, fenceFloor)+1; a LockGrant's phase only moves forward.
 func planGrants(in planInput) (planOutput, error) {
+	// Times are stored as MicroTime: deciding with the same precision keeps
+	// the next reconcile, which reads them back, from seeing a difference and
+	// writing every LockGrant status twice.
+	in.now = in.now.Truncate(time.Microsecond)
 	fr := in.fr
 	out := planOutput{}
 	st := *fr.Status.DeepCopy()

@@ -37,3 +37,27 @@ func TestPlanRenewalAfterBackwardClockJump(t *testing.T) {
 		t.Errorf("expiresAt %v, observed %d; want %v, 2", f.Status.Holder.ExpiresAt.Time, grants[0].Status.ObservedRenewals, want)
 	}
 }
+
+// The issuer decides at the precision it stores (MicroTime), so a plan run
+// again on what it wrote back has nothing more to write.
+func TestPlanIsStableAtStoredPrecision(t *testing.T) {
+	f := fr(10)
+	grants := []locksv1.LockGrant{lg("a", 0)}
+	now := t0.Add(123456789 * time.Nanosecond)
+	in := planInput{fr: f, grants: grants, now: now, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	apply(t, in)
+	if got := f.Status.Holder.ExpiresAt.Time; got.Nanosecond()%1000 != 0 {
+		t.Fatalf("expiresAt %v has sub-microsecond precision the API server drops", got)
+	}
+	// What the API server stores and the cache returns: microseconds.
+	f.Status.Holder.ExpiresAt.Time = f.Status.Holder.ExpiresAt.Time.Truncate(time.Microsecond)
+	grants[0].Status.ExpiresAt.Time = grants[0].Status.ExpiresAt.Time.Truncate(time.Microsecond)
+	in.now = now.Add(time.Millisecond)
+	out, err := planGrants(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.statusChanged || len(out.grantStatus) != 0 {
+		t.Fatalf("a second plan on the stored state writes again: status changed %v, %d LockGrant writes", out.statusChanged, len(out.grantStatus))
+	}
+}
