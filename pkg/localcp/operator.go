@@ -68,10 +68,7 @@ func (cp *ControlPlane) RunOperator(ctx context.Context, o operator.Options) (*O
 	case <-time.After(60 * time.Second):
 		return fail(errors.New("operator not ready after 60s"))
 	}
-	if err := cp.waitCABundle(ctx); err != nil {
-		return fail(err)
-	}
-	if err := cp.warmUpWebhooks(ctx); err != nil {
+	if err := cp.WaitForWebhooks(ctx); err != nil {
 		return fail(err)
 	}
 	return op, nil
@@ -89,13 +86,23 @@ func (op *Operator) Stop() error {
 	return err
 }
 
+// WaitForWebhooks returns once an operator running with self-signed
+// certificates (in this process or as cmd/manager) has patched the webhook
+// configuration's caBundle and the API server reaches its webhooks.
+func (cp *ControlPlane) WaitForWebhooks(ctx context.Context) error {
+	if err := cp.waitCABundle(ctx); err != nil {
+		return err
+	}
+	return cp.warmUpWebhooks(ctx)
+}
+
 // waitCABundle waits until every webhook of the configuration carries a caBundle.
 func (cp *ControlPlane) waitCABundle(ctx context.Context) error {
 	admin, err := cp.AdminClient()
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
 		if err := admin.Get(ctx, client.ObjectKey{Name: WebhookConfiguration}, &cfg); err != nil {
@@ -109,7 +116,7 @@ func (cp *ControlPlane) waitCABundle(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return errors.New("the operator did not patch the webhook caBundle within 30s")
+			return errors.New("the operator did not patch the webhook caBundle within 60s")
 		}
 		select {
 		case <-ctx.Done():

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -304,7 +302,7 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 		return nil, err
 	}
 	go func() { s.done <- s.cmd.Wait() }()
-	if err := waitCABundle(ctx, cp, s.done); err != nil {
+	if err := cp.WaitForWebhooks(ctx); err != nil {
 		_ = s.Stop()
 		return nil, fmt.Errorf("%w (operator log: %s)", err, logPath)
 	}
@@ -348,39 +346,6 @@ func (s *subprocess) Stop() error {
 	}
 	_ = s.logFile.Close()
 	return os.RemoveAll(s.certDir)
-}
-
-// waitCABundle waits until the operator patched the webhook configuration's caBundle.
-func waitCABundle(ctx context.Context, cp *localcp.ControlPlane, done chan error) error {
-	admin, err := cp.AdminClient()
-	if err != nil {
-		return err
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := admin.Get(ctx, client.ObjectKey{Name: localcp.WebhookConfiguration}, &cfg); err != nil {
-			return err
-		}
-		patched := len(cfg.Webhooks) > 0
-		for _, w := range cfg.Webhooks {
-			patched = patched && len(w.ClientConfig.CABundle) > 0
-		}
-		if patched {
-			return nil
-		}
-		select {
-		case err := <-done:
-			done <- err
-			return fmt.Errorf("the operator exited: %v", err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return errors.New("the operator did not patch the webhook caBundle within 60s")
-		}
-	}
 }
 
 // --- the operator in this process (for profiling with -cpuprofile) ----------
