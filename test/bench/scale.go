@@ -89,19 +89,11 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 	if err != nil {
 		return err
 	}
-	var pairs []*fencedPair
-	for i := 0; i < 4; i++ {
-		p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d", i), lc, kube)
-		if err != nil {
-			return err
-		}
-		pairs = append(pairs, p)
+	pairs, release, err := newFencedPairs(ctx, e, ns, 4, lc, kube)
+	if err != nil {
+		return err
 	}
-	defer func() {
-		for _, p := range pairs {
-			_ = p.lock.Release(context.WithoutCancel(ctx))
-		}
-	}()
+	defer release()
 	base := ph.held.Load()
 	loaded := 0
 	for _, size := range cfg.scaleSizes {

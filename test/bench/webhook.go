@@ -62,6 +62,24 @@ type fencedPair struct {
 
 // newFencedPair registers FencedResource name (Enforce, 1 h lease so no
 // renewal runs during the measurement), acquires it and writes segment 1.
+// newFencedPairs makes n pairs named wh-0…; release gives their grants up.
+func newFencedPairs(ctx context.Context, e *env, ns string, n int, lc *lockclient.Client, kube client.Client) (pairs []*fencedPair, release func(), err error) {
+	release = func() {
+		for _, p := range pairs {
+			_ = p.lock.Release(context.WithoutCancel(ctx))
+		}
+	}
+	for i := 0; i < n; i++ {
+		p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d", i), lc, kube)
+		if err != nil {
+			release()
+			return nil, nil, err
+		}
+		pairs = append(pairs, p)
+	}
+	return pairs, release, nil
+}
+
 func newFencedPair(ctx context.Context, e *env, ns, name string, lc *lockclient.Client, kube client.Client) (*fencedPair, error) {
 	if err := e.fencedResource(ctx, ns, name, 3600, name+"-p"); err != nil {
 		return nil, err
@@ -170,19 +188,11 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 		return err
 	}
 	const npairs = 4
-	var pairs []*fencedPair
-	for i := 0; i < npairs; i++ {
-		p, err := newFencedPair(ctx, e, ns, fmt.Sprintf("wh-%d", i), lc, kube)
-		if err != nil {
-			return err
-		}
-		pairs = append(pairs, p)
+	pairs, release, err := newFencedPairs(ctx, e, ns, npairs, lc, kube)
+	if err != nil {
+		return err
 	}
-	defer func() {
-		for _, p := range pairs {
-			_ = p.lock.Release(context.WithoutCancel(ctx))
-		}
-	}()
+	defer release()
 	// Warm-up: connections, the webhook's TLS session, caches.
 	if _, _, err := interleaved(ctx, pairs, 50, 20); err != nil {
 		return err
