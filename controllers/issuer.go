@@ -25,13 +25,8 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
-// Names of the operator's own objects in its namespace (fixed by DESIGN.md,
-// except the epoch record, which the design leaves to us).
+// Keys inside the operator's own objects (their names are in api/v1alpha1).
 const (
-	DefaultNamespace   = "fencekeeper-system"
-	SigningKeySecret   = "fencekeeper-signing-key"
-	TrustBundleConfig  = "fencekeeper-trust-bundle"
-	IssuerEpochConfig  = "fencekeeper-issuer-epoch"
 	signingKeyIDKey    = "keyID"
 	signingKeySeedKey  = "ed25519.seed"
 	issuerEpochDataKey = "epoch"
@@ -188,38 +183,38 @@ func (i *Issuer) key(name string) types.NamespacedName {
 func (i *Issuer) loadOrCreateKey(ctx context.Context) (*grant.Signer, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var sec corev1.Secret
-		err := i.reader.Get(ctx, i.key(SigningKeySecret), &sec)
+		err := i.reader.Get(ctx, i.key(locksv1.SigningKeySecret), &sec)
 		if err == nil {
 			s, err := grant.NewSigner(string(sec.Data[signingKeyIDKey]), sec.Data[signingKeySeedKey])
 			if err != nil {
 				return nil, fmt.Errorf("secret %s/%s does not hold a usable signing key (%s, %s): %w",
-					i.namespace, SigningKeySecret, signingKeyIDKey, signingKeySeedKey, err)
+					i.namespace, locksv1.SigningKeySecret, signingKeyIDKey, signingKeySeedKey, err)
 			}
 			return s, nil
 		}
 		if !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("read signing key secret %s/%s: %w", i.namespace, SigningKeySecret, err)
+			return nil, fmt.Errorf("read signing key secret %s/%s: %w", i.namespace, locksv1.SigningKeySecret, err)
 		}
 		s, err := grant.GenerateSigner(rand.Reader)
 		if err != nil {
 			return nil, err
 		}
 		sec = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: SigningKeySecret,
+			ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: locksv1.SigningKeySecret,
 				Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
 			Type: corev1.SecretTypeOpaque,
 			Data: map[string][]byte{signingKeyIDKey: []byte(s.KeyID()), signingKeySeedKey: s.Seed()},
 		}
 		err = i.client.Create(ctx, &sec)
 		if err == nil {
-			i.log.Info("created signing key", "secret", SigningKeySecret, "keyID", s.KeyID())
+			i.log.Info("created signing key", "secret", locksv1.SigningKeySecret, "keyID", s.KeyID())
 			return s, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("create signing key secret %s/%s: %w", i.namespace, SigningKeySecret, err)
+			return nil, fmt.Errorf("create signing key secret %s/%s: %w", i.namespace, locksv1.SigningKeySecret, err)
 		}
 	}
-	return nil, fmt.Errorf("signing key secret %s/%s keeps changing; giving up", i.namespace, SigningKeySecret)
+	return nil, fmt.Errorf("signing key secret %s/%s keeps changing; giving up", i.namespace, locksv1.SigningKeySecret)
 }
 
 // loadOrCreateBundle reads the trust bundle, creating it with the signing key
@@ -228,37 +223,37 @@ func (i *Issuer) loadOrCreateKey(ctx context.Context) (*grant.Signer, error) {
 func (i *Issuer) loadOrCreateBundle(ctx context.Context, s *grant.Signer) (*grant.TrustBundle, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var cm corev1.ConfigMap
-		err := i.reader.Get(ctx, i.key(TrustBundleConfig), &cm)
+		err := i.reader.Get(ctx, i.key(locksv1.TrustBundleConfigMap), &cm)
 		if err == nil {
 			b, err := grant.ParseTrustBundle(cm.Data)
 			if err != nil {
-				return nil, fmt.Errorf("configmap %s/%s: %w", i.namespace, TrustBundleConfig, err)
+				return nil, fmt.Errorf("configmap %s/%s: %w", i.namespace, locksv1.TrustBundleConfigMap, err)
 			}
 			if pub, ok := b.Keys[s.KeyID()]; !ok || !pub.Equal(s.PublicKey()) {
 				return nil, fmt.Errorf("trust bundle %s/%s does not contain signing key %q; add its public key through your key-rotation process",
-					i.namespace, TrustBundleConfig, s.KeyID())
+					i.namespace, locksv1.TrustBundleConfigMap, s.KeyID())
 			}
 			return b, nil
 		}
 		if !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("read trust bundle %s/%s: %w", i.namespace, TrustBundleConfig, err)
+			return nil, fmt.Errorf("read trust bundle %s/%s: %w", i.namespace, locksv1.TrustBundleConfigMap, err)
 		}
 		b := grant.NewTrustBundle(0, s)
 		cm = corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: TrustBundleConfig,
+			ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: locksv1.TrustBundleConfigMap,
 				Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
 			Data: b.Data(),
 		}
 		err = i.client.Create(ctx, &cm)
 		if err == nil {
-			i.log.Info("created trust bundle", "configmap", TrustBundleConfig, "keyID", s.KeyID())
+			i.log.Info("created trust bundle", "configmap", locksv1.TrustBundleConfigMap, "keyID", s.KeyID())
 			return b, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("create trust bundle %s/%s: %w", i.namespace, TrustBundleConfig, err)
+			return nil, fmt.Errorf("create trust bundle %s/%s: %w", i.namespace, locksv1.TrustBundleConfigMap, err)
 		}
 	}
-	return nil, fmt.Errorf("trust bundle %s/%s keeps changing; giving up", i.namespace, TrustBundleConfig)
+	return nil, fmt.Errorf("trust bundle %s/%s keeps changing; giving up", i.namespace, locksv1.TrustBundleConfigMap)
 }
 
 // nextEpoch increments the persisted issuer epoch by compare-and-swap and returns the new value.
@@ -268,32 +263,32 @@ func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 		var cm corev1.ConfigMap
-		err := i.reader.Get(ctx, i.key(IssuerEpochConfig), &cm)
+		err := i.reader.Get(ctx, i.key(locksv1.IssuerEpochConfigMap), &cm)
 		switch {
 		case apierrors.IsNotFound(err):
 			cm = corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: IssuerEpochConfig,
+				ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: locksv1.IssuerEpochConfigMap,
 					Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
 				Data: map[string]string{issuerEpochDataKey: "1"},
 			}
 			if err := i.client.Create(ctx, &cm); err == nil {
 				return 1, nil
 			} else if !apierrors.IsAlreadyExists(err) {
-				return 0, fmt.Errorf("create issuer epoch %s/%s: %w", i.namespace, IssuerEpochConfig, err)
+				return 0, fmt.Errorf("create issuer epoch %s/%s: %w", i.namespace, locksv1.IssuerEpochConfigMap, err)
 			}
 		case err != nil:
-			return 0, fmt.Errorf("read issuer epoch %s/%s: %w", i.namespace, IssuerEpochConfig, err)
+			return 0, fmt.Errorf("read issuer epoch %s/%s: %w", i.namespace, locksv1.IssuerEpochConfigMap, err)
 		default:
 			cur, err := strconv.ParseInt(cm.Data[issuerEpochDataKey], 10, 64)
 			if err != nil || cur < 0 {
 				return 0, fmt.Errorf("configmap %s/%s: %s=%q is not a non-negative integer",
-					i.namespace, IssuerEpochConfig, issuerEpochDataKey, cm.Data[issuerEpochDataKey])
+					i.namespace, locksv1.IssuerEpochConfigMap, issuerEpochDataKey, cm.Data[issuerEpochDataKey])
 			}
 			cm.Data[issuerEpochDataKey] = strconv.FormatInt(cur+1, 10)
 			if err := i.client.Update(ctx, &cm); err == nil { // resourceVersion precondition
 				return cur + 1, nil
 			} else if !apierrors.IsConflict(err) {
-				return 0, fmt.Errorf("increment issuer epoch %s/%s: %w", i.namespace, IssuerEpochConfig, err)
+				return 0, fmt.Errorf("increment issuer epoch %s/%s: %w", i.namespace, locksv1.IssuerEpochConfigMap, err)
 			}
 		}
 	}

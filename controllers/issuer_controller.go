@@ -19,9 +19,6 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// grantResourceIndex indexes LockGrants by spec.resource.
-const grantResourceIndex = "spec.resource"
-
 // conflictRetry is how soon a lost compare-and-swap is retried. The informer
 // delivers the newer object anyway; this is the backstop.
 const conflictRetry = 20 * time.Millisecond
@@ -50,10 +47,10 @@ type GrantIssuerReconciler struct {
 
 // SetupWithManager registers the controller and the LockGrant index.
 func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &locksv1.LockGrant{}, grantResourceIndex, func(o client.Object) []string {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &locksv1.LockGrant{}, locksv1.LockGrantResourceField, func(o client.Object) []string {
 		return []string{o.(*locksv1.LockGrant).Spec.Resource}
 	}); err != nil {
-		return fmt.Errorf("index LockGrants by %s: %w", grantResourceIndex, err)
+		return fmt.Errorf("index LockGrants by %s: %w", locksv1.LockGrantResourceField, err)
 	}
 	name := r.Name
 	if name == "" {
@@ -94,7 +91,7 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, r.denyOrphans(ctx, req.NamespacedName)
 	}
 	var list locksv1.LockGrantList
-	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{grantResourceIndex: fr.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: fr.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
 	grants := list.Items
@@ -258,7 +255,7 @@ func (r *GrantIssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.Lock
 // denyOrphans settles LockGrants whose FencedResource is gone: they can never be served.
 func (r *GrantIssuerReconciler) denyOrphans(ctx context.Context, key types.NamespacedName) error {
 	var list locksv1.LockGrantList
-	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{grantResourceIndex: key.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: key.Name}); err != nil {
 		return err
 	}
 	if len(list.Items) == 0 {

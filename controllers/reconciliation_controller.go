@@ -63,7 +63,7 @@ func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.R
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	var list locksv1.LockGrantList
-	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{grantResourceIndex: fr.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: fr.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
 	s := summarizeUnresolved(list.Items, r.Issuer.clock.Now())

@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -33,7 +35,7 @@ type Options struct {
 // Setup adds the issuer and its controllers to mgr and returns the issuer.
 func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 	if o.Namespace == "" {
-		o.Namespace = DefaultNamespace
+		o.Namespace = locksv1.DefaultNamespace
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
@@ -77,7 +79,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 // its own namespace (the trust bundle), never cluster-wide.
 func CacheOptions(namespace string) cache.Options {
 	if namespace == "" {
-		namespace = DefaultNamespace
+		namespace = locksv1.DefaultNamespace
 	}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},

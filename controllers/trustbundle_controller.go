@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -29,7 +30,7 @@ func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		name = "trust-bundle"
 	}
 	isBundle := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == r.Issuer.namespace && o.GetName() == TrustBundleConfig
+		return o.GetNamespace() == r.Issuer.namespace && o.GetName() == locksv1.TrustBundleConfigMap
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).

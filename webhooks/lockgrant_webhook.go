@@ -48,7 +48,7 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	}
 	var list locksv1.LockGrantList
 	// spec.resource is a selectable field of the CRD, so the server filters.
-	if err := v.Reader.List(ctx, &list, client.InNamespace(lg.Namespace), client.MatchingFields{"spec.resource": lg.Spec.Resource}); err != nil {
+	if err := v.Reader.List(ctx, &list, client.InNamespace(lg.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: lg.Spec.Resource}); err != nil {
 		return nil, fmt.Errorf("list LockGrants in %s: %w", lg.Namespace, err)
 	}
 	return nil, validateLockGrantCreate(req.UserInfo.Username, lg, &fr, list.Items)

@@ -58,7 +58,7 @@ func SetupProtectedWebhook(mgr ctrl.Manager, namespace string, clk clock.Clock) 
 	}
 	v := &ProtectedObjectValidator{
 		Reader:   mgr.GetAPIReader(),
-		Bundle:   &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: "fencekeeper-trust-bundle"}},
+		Bundle:   &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: locksv1.TrustBundleConfigMap}},
 		Clock:    clk,
 		Recorder: mgr.GetEventRecorder("fencekeeper-webhook"),
 		Status:   status,

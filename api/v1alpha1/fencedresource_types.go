@@ -282,7 +282,3 @@ type FencedResourceList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []FencedResource `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&FencedResource{}, &FencedResourceList{})
-}

@@ -15,8 +15,11 @@ var (
 	// GroupVersion is group version used to register these objects.
 	GroupVersion = schema.GroupVersion{Group: "locks.fencekeeper.dev", Version: "v1alpha1"}
 
-	// SchemeBuilder is used to add go types to the GroupVersionKind scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// SchemeBuilder registers the API's types. It is initialized with them
+	// (not from init functions) so that Scheme, a package variable built from
+	// it, always knows them.
+	SchemeBuilder = (&scheme.Builder{GroupVersion: GroupVersion}).
+			Register(&FencedResource{}, &FencedResourceList{}, &LockGrant{}, &LockGrantList{})
 
 	// AddToScheme adds the types in this group-version to the given scheme.
 	AddToScheme = SchemeBuilder.AddToScheme

@@ -241,7 +241,3 @@ type LockGrantList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []LockGrant `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&LockGrant{}, &LockGrantList{})
-}

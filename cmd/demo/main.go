@@ -1,5 +1,5 @@
 // Command demo plays the stale-owner story on the embedded control plane
-// (make demo); see pkg/demo.
+// (make demo); see internal/demo.
 package main
 
 import (
@@ -14,7 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/fencekeeper/fencekeeper/pkg/demo"
+	"github.com/fencekeeper/fencekeeper/internal/demo"
 )
 
 func main() {

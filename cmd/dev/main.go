@@ -18,8 +18,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
-	"github.com/fencekeeper/fencekeeper/pkg/operator"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/operator"
 )
 
 func main() {

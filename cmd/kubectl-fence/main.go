@@ -1,5 +1,5 @@
 // Command kubectl-fence is the kubectl plugin for fencekeeper (kubectl fence
-// …): put it on PATH and run `kubectl fence --help`. See pkg/fencectl.
+// …): put it on PATH and run `kubectl fence --help`. See internal/fencectl.
 package main
 
 import (
@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/fencekeeper/fencekeeper/pkg/fencectl"
+	"github.com/fencekeeper/fencekeeper/internal/fencectl"
 )
 
 func main() {

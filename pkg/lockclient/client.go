@@ -8,22 +8,11 @@ import (
 	"fmt"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
-
-// Scheme knows the core types and the fencekeeper API.
-var Scheme = func() *runtime.Scheme {
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(locksv1.AddToScheme(s))
-	return s
-}()
 
 // Client acquires locks in one namespace as one identity.
 type Client struct {
@@ -41,7 +30,7 @@ func New(kube client.WithWatch, namespace, identity string) *Client {
 // NewForConfig builds a client from a REST config and asks the API server who
 // it is (SelfSubjectReview), so the owner is always the authenticated user.
 func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Client, error) {
-	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme})
+	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: locksv1.Scheme})
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@
 // finds its grant again with Client.Attach and resumes its operation from the
 // object's receipt log.
 //
-// The examples run against the embedded control plane (pkg/localcp) with the
+// The examples run against the embedded control plane (internal/localcp) with the
 // operator, so they are tests as well as documentation.
 //
 // The lock's state follows DESIGN.md: REQUESTED → HELD → RENEWING → HELD;

@@ -237,7 +237,7 @@ func (op *Operation) read(ctx context.Context, obj client.Object) (bool, error) 
 		key.Namespace = op.lock.key.Namespace
 		obj.SetNamespace(key.Namespace)
 	}
-	gvk, err := apiutil.GVKForObject(obj, Scheme)
+	gvk, err := apiutil.GVKForObject(obj, locksv1.Scheme)
 	if err != nil {
 		return false, err
 	}
@@ -260,7 +260,7 @@ func (op *Operation) read(ctx context.Context, obj client.Object) (bool, error) 
 
 // payloadOf digests obj's business content exactly as the webhook does.
 func payloadOf(obj client.Object) (string, error) {
-	gvk, err := apiutil.GVKForObject(obj, Scheme)
+	gvk, err := apiutil.GVKForObject(obj, locksv1.Scheme)
 	if err != nil {
 		return "", err
 	}
@@ -281,7 +281,7 @@ func emptyLike(obj client.Object, kind string) (client.Object, error) {
 		e.SetGroupVersionKind(u.GroupVersionKind())
 		return e, nil
 	}
-	o, err := Scheme.New(obj.GetObjectKind().GroupVersionKind())
+	o, err := locksv1.Scheme.New(obj.GetObjectKind().GroupVersionKind())
 	if err != nil {
 		return nil, fmt.Errorf("new %s: %w", kind, err)
 	}

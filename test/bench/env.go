@@ -27,9 +27,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/operator"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
-	"github.com/fencekeeper/fencekeeper/pkg/operator"
 )
 
 // rawGroup is the group of the baseline workers: they may write Leases.
@@ -170,7 +170,7 @@ func (e *env) worker(ctx context.Context, ns string) (*lockclient.Client, client
 	if err != nil {
 		return nil, nil, err
 	}
-	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: lockclient.Scheme})
+	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: locksv1.Scheme})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -268,7 +268,7 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 		return nil, err
 	}
 	// The operator's own identity, bound to exactly the generated RBAC.
-	u, err := cp.AddUser(localcp.OperatorUser)
+	u, err := cp.AddUser(locksv1.OperatorUsername(locksv1.DefaultNamespace))
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +294,7 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 		"--self-signed-certs", "--webhook-hosts=127.0.0.1,localhost",
 		"--webhook-port="+strconv.Itoa(webhookPort), "--webhook-cert-dir="+filepath.Join(dir, "certs"),
 		"--metrics-bind-address="+s.metricsAddr, "--health-probe-bind-address="+fmt.Sprintf("127.0.0.1:%d", probePort),
-		"--webhook-configuration="+localcp.WebhookConfiguration,
+		"--webhook-configuration="+locksv1.WebhookConfigurationName,
 		fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.maxReconciles))
 	s.cmd.Env = append(os.Environ(), "KUBECONFIG="+kcPath)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
@@ -369,7 +369,7 @@ func startInProcess(ctx context.Context, cp *localcp.ControlPlane, cfg *config) 
 }
 
 func (p *inProcess) Describe() string {
-	return "in this process (pkg/localcp.RunOperator); memory is the whole bench process's"
+	return "in this process (internal/localcp.RunOperator); memory is the whole bench process's"
 }
 
 func (p *inProcess) Memory() (memSample, error) {

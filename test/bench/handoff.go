@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -600,7 +600,7 @@ func (e *env) registryWatchHandoffs(ctx context.Context, ns, resource string, wa
 		if err != nil {
 			return nil, err
 		}
-		kube, err := client.NewWithWatch(cfg, client.Options{Scheme: lockclient.Scheme})
+		kube, err := client.NewWithWatch(cfg, client.Options{Scheme: locksv1.Scheme})
 		if err != nil {
 			return nil, err
 		}

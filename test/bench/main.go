@@ -29,7 +29,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
 type config struct {

@@ -223,7 +223,7 @@ func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from,
 		if err != nil {
 			return err
 		}
-		kube, err := client.New(cfg, client.Options{Scheme: lockclient.Scheme})
+		kube, err := client.New(cfg, client.Options{Scheme: locksv1.Scheme})
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-// Package demo_test runs make demo's code (pkg/demo.Main) as a test, so CI
+// Package demo_test runs make demo's code (internal/demo.Main) as a test, so CI
 // proves the README's first command works end to end.
 package demo_test
 
@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/fencekeeper/fencekeeper/pkg/demo"
+	"github.com/fencekeeper/fencekeeper/internal/demo"
 )
 
 func TestDemo(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
 // TestDev runs make dev's program: it must print the KUBECONFIG to export,

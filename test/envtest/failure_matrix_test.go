@@ -17,8 +17,8 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
 )
 
 // The failure matrix on the real control plane: faults only a real system
@@ -397,7 +397,7 @@ func (s *schedule) checkObject(fenceToken, seg int64) {
 func (s *schedule) checkRegistry() {
 	GinkgoHelper()
 	var list locksv1.LockGrantList
-	Expect(admin.List(suiteCtx, &list, client.InNamespace(s.ns), client.MatchingFields{"spec.resource": s.name})).To(Succeed())
+	Expect(admin.List(suiteCtx, &list, client.InNamespace(s.ns), client.MatchingFields{locksv1.LockGrantResourceField: s.name})).To(Succeed())
 	fr := getFR(s.ns, s.name)
 	heldCount := 0
 	for _, lg := range list.Items {

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/fencectl"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
-	"github.com/fencekeeper/fencekeeper/pkg/fencectl"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 

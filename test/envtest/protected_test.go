@@ -24,7 +24,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
-	"github.com/fencekeeper/fencekeeper/pkg/certs"
+	"github.com/fencekeeper/fencekeeper/internal/certs"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )

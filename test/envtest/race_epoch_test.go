@@ -56,7 +56,7 @@ var _ = Describe("two issuing controllers with independent caches racing on the 
 					// Release whoever holds until everyone has held once.
 					for done := 0; done < grantsPer; {
 						var list locksv1.LockGrantList
-						Expect(admin.List(suiteCtx, &list, client.InNamespace(ns), client.MatchingFields{"spec.resource": name})).To(Succeed())
+						Expect(admin.List(suiteCtx, &list, client.InNamespace(ns), client.MatchingFields{locksv1.LockGrantResourceField: name})).To(Succeed())
 						held := 0
 						for i := range list.Items {
 							lg := &list.Items[i]
@@ -77,7 +77,7 @@ var _ = Describe("two issuing controllers with independent caches racing on the 
 						time.Sleep(10 * time.Millisecond)
 					}
 					var list locksv1.LockGrantList
-					Expect(admin.List(suiteCtx, &list, client.InNamespace(ns), client.MatchingFields{"spec.resource": name})).To(Succeed())
+					Expect(admin.List(suiteCtx, &list, client.InNamespace(ns), client.MatchingFields{locksv1.LockGrantResourceField: name})).To(Succeed())
 					var fences []int
 					for _, lg := range list.Items {
 						Expect(lg.Status.Grant).NotTo(BeNil(), "%s was never issued", lg.Name)
@@ -157,7 +157,7 @@ var _ = Describe("issuer epochs", Ordered, func() {
 
 func setRevokedBelow(epoch int64) {
 	GinkgoHelper()
-	Expect(update(admin, &corev1.ConfigMap{ObjectMeta: objectMeta(opNamespace, controllers.TrustBundleConfig)}, func(cm *corev1.ConfigMap) {
+	Expect(update(admin, &corev1.ConfigMap{ObjectMeta: objectMeta(opNamespace, locksv1.TrustBundleConfigMap)}, func(cm *corev1.ConfigMap) {
 		cm.Data[grant.RevokedBelowEpochKey] = strconv.FormatInt(epoch, 10)
 	})).To(Succeed())
 }

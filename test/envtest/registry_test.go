@@ -214,7 +214,7 @@ var _ = Describe("the lock registry", func() {
 		newFencedResource(ns, "batch", 30)
 		lg := waitPhase(request(ns, "batch", "worker-a", "a"), locksv1.PhaseHeld)
 		var cm corev1.ConfigMap
-		Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: controllers.TrustBundleConfig}, &cm)).To(Succeed())
+		Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: locksv1.TrustBundleConfigMap}, &cm)).To(Succeed())
 		bundle, err := grant.ParseTrustBundle(cm.Data)
 		Expect(err).NotTo(HaveOccurred())
 		g := lg.Status.Grant.ToGrant()

@@ -32,13 +32,13 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 const (
 	workersGroup = localcp.WorkersGroup
-	opNamespace  = controllers.DefaultNamespace
+	opNamespace  = locksv1.DefaultNamespace
 )
 
 var (

@@ -376,7 +376,7 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 			return nil
 		}
 	case *corev1.ConfigMap:
-		if key.Namespace == controllers.DefaultNamespace && key.Name == controllers.TrustBundleConfig {
+		if key.Namespace == locksv1.DefaultNamespace && key.Name == locksv1.TrustBundleConfigMap {
 			*o = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
 				ResourceVersion: strconv.FormatInt(a.r.bundleRV, 10)}, Data: a.r.bundleData}
 			return nil

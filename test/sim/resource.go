@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/fencekeeper/fencekeeper/controllers"
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
@@ -50,7 +50,7 @@ func newResource(w *world) *resource {
 	reader := apiReader{w.reg}
 	v := &webhooks.ProtectedObjectValidator{
 		Reader:   reader,
-		Bundle:   &webhooks.TrustBundleSource{Reader: reader, Key: types.NamespacedName{Namespace: controllers.DefaultNamespace, Name: controllers.TrustBundleConfig}},
+		Bundle:   &webhooks.TrustBundleSource{Reader: reader, Key: types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.TrustBundleConfigMap}},
 		Clock:    w.clock,
 		Recorder: discardEvents{},
 		// Never started: the recorder only queues here, and the simulator

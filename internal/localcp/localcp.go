@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -27,18 +29,12 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-
-	"github.com/fencekeeper/fencekeeper/controllers"
-	"github.com/fencekeeper/fencekeeper/pkg/operator"
 )
 
 const (
-	// OperatorUser is the operator's identity (its service account in a cluster).
-	OperatorUser = "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager"
+
 	// WorkersGroup is bound to the lockgrant-requester role and may write protected objects.
 	WorkersGroup = "fencekeeper:workers"
-	// WebhookConfiguration is the ValidatingWebhookConfiguration's name, as config/default names it.
-	WebhookConfiguration = "fencekeeper-validating-webhook-configuration"
 	// ProtectedWebhook is the protected-object webhook's name in that configuration.
 	ProtectedWebhook = "vprotected.fencekeeper.dev"
 )
@@ -91,7 +87,7 @@ func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 			return nil, fmt.Errorf("%s is not built in %s: run `make control-plane` (hack/build-control-plane.sh) first", bin, o.Assets)
 		}
 	}
-	cp := &ControlPlane{Scheme: operator.Scheme(), root: o.Root, opts: o}
+	cp := &ControlPlane{Scheme: locksv1.Scheme, root: o.Root, opts: o}
 	cp.Env = &envtest.Environment{
 		CRDDirectoryPaths:     append([]string{filepath.Join(o.Root, "config", "crd", "bases")}, o.CRDDirs...),
 		ErrorIfCRDPathMissing: true,
@@ -140,7 +136,7 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ns := controllers.DefaultNamespace
+	ns := locksv1.DefaultNamespace
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
 	// The operator runs with exactly the generated RBAC (config/rbac/role.yaml),
 	// which proves it sufficient; workers get the requester role.
@@ -162,7 +158,7 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	objs = append(objs,
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "protected-object-writer"}, Rules: writer},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "target-reader"}, Rules: reader})
-	op := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: OperatorUser}
+	op := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: locksv1.OperatorUsername(locksv1.DefaultNamespace)}
 	workers := rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: WorkersGroup}
 	objs = append(objs,
 		binding("ClusterRole", "manager-role", "", op),
@@ -176,7 +172,7 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 			return fmt.Errorf("install %T %s: %w", obj, obj.GetName(), err)
 		}
 	}
-	user, err := cp.AddUser(OperatorUser)
+	user, err := cp.AddUser(locksv1.OperatorUsername(locksv1.DefaultNamespace))
 	if err != nil {
 		return err
 	}
@@ -208,7 +204,7 @@ func (cp *ControlPlane) WebhookConfigurations() ([]*admissionregistrationv1.Vali
 		if !ok {
 			continue
 		}
-		cfg.Name = WebhookConfiguration
+		cfg.Name = locksv1.WebhookConfigurationName
 		for i := range cfg.Webhooks {
 			if cfg.Webhooks[i].Name != ProtectedWebhook {
 				continue

@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -126,7 +128,7 @@ func (o *options) kube() (client.WithWatch, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.NewWithWatch(cfg, client.Options{Scheme: lockclient.Scheme})
+	return client.NewWithWatch(cfg, client.Options{Scheme: locksv1.Scheme})
 }
 
 func (o *options) lockClient(ctx context.Context) (*lockclient.Client, error) {

@@ -13,9 +13,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -27,7 +24,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
-	"github.com/fencekeeper/fencekeeper/pkg/certs"
+	"github.com/fencekeeper/fencekeeper/internal/certs"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
@@ -59,18 +56,10 @@ type Options struct {
 	OnIssuing func()
 }
 
-// Scheme knows the core types and fencekeeper's.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(locksv1.AddToScheme(s))
-	return s
-}
-
 // Run runs the operator against cfg until ctx ends.
 func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if o.Namespace == "" {
-		o.Namespace = controllers.DefaultNamespace
+		o.Namespace = locksv1.DefaultNamespace
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
@@ -92,12 +81,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	// HTTP/2 stays off on the webhook server (CVE-2023-44487, rapid reset).
 	noHTTP2 := func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        Scheme(),
+		Scheme:                        locksv1.Scheme,
 		Cache:                         controllers.CacheOptions(o.Namespace),
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress:        o.ProbeAddr,
 		LeaderElection:                o.LeaderElect,
-		LeaderElectionID:              "issuer.locks.fencekeeper.dev",
+		LeaderElectionID:              locksv1.LeaderElectionID,
 		LeaderElectionNamespace:       o.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: webhook.NewServer(webhook.Options{

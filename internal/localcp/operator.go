@@ -13,8 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/controllers"
-	"github.com/fencekeeper/fencekeeper/pkg/operator"
+	"github.com/fencekeeper/fencekeeper/internal/operator"
 )
 
 // Operator is an operator running in this process against the control plane.
@@ -41,9 +40,9 @@ func (cp *ControlPlane) RunOperator(ctx context.Context, o operator.Options) (*O
 	if err != nil {
 		return nil, err
 	}
-	o.Namespace = controllers.DefaultNamespace
+	o.Namespace = locksv1.DefaultNamespace
 	o.WebhookHost, o.WebhookPort, o.CertDir = "127.0.0.1", port, certDir
-	o.SelfSignedCerts, o.WebhookHosts, o.WebhookConfiguration = true, []string{"127.0.0.1", "localhost"}, WebhookConfiguration
+	o.SelfSignedCerts, o.WebhookHosts, o.WebhookConfiguration = true, []string{"127.0.0.1", "localhost"}, locksv1.WebhookConfigurationName
 	o.LeaderElect = true
 	if o.MetricsAddr == "" {
 		o.MetricsAddr = "0"
@@ -105,7 +104,7 @@ func (cp *ControlPlane) waitCABundle(ctx context.Context) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var cfg admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := admin.Get(ctx, client.ObjectKey{Name: WebhookConfiguration}, &cfg); err != nil {
+		if err := admin.Get(ctx, client.ObjectKey{Name: locksv1.WebhookConfigurationName}, &cfg); err != nil {
 			return err
 		}
 		patched := len(cfg.Webhooks) > 0
@@ -135,7 +134,7 @@ func (cp *ControlPlane) warmUpWebhooks(ctx context.Context) error {
 		return err
 	}
 	probe := &locksv1.FencedResource{
-		ObjectMeta: metav1.ObjectMeta{Namespace: controllers.DefaultNamespace, Name: "webhook-warm-up"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: locksv1.DefaultNamespace, Name: "webhook-warm-up"},
 		Spec:       locksv1.FencedResourceSpec{ResourceID: "fencekeeper/webhook-warm-up", LeaseDurationSeconds: 1},
 	}
 	var last error

@@ -33,10 +33,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/operator"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
-	"github.com/fencekeeper/fencekeeper/pkg/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
-	"github.com/fencekeeper/fencekeeper/pkg/operator"
 )
 
 const (

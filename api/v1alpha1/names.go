@@ -1,0 +1,45 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+)
+
+// Names of one installation. Every binary, manifest generator and test takes
+// them from here, so each has one home.
+const (
+	// DefaultNamespace is the operator's namespace: its signing key, trust
+	// bundle, epoch record and leader-election lease live there.
+	DefaultNamespace = "fencekeeper-system"
+	// ServiceAccountName is the operator's service account in its namespace.
+	ServiceAccountName = "fencekeeper-controller-manager"
+	// SigningKeySecret holds the issuer's Ed25519 keys (DESIGN.md).
+	SigningKeySecret = "fencekeeper-signing-key"
+	// TrustBundleConfigMap holds the verifiers' public keys and revokedBelowEpoch (DESIGN.md).
+	TrustBundleConfigMap = "fencekeeper-trust-bundle"
+	// IssuerEpochConfigMap records the issuer epoch (the design leaves its name to us).
+	IssuerEpochConfigMap = "fencekeeper-issuer-epoch"
+	// WebhookConfigurationName is the ValidatingWebhookConfiguration of the installation.
+	WebhookConfigurationName = "fencekeeper-validating-webhook-configuration"
+	// LeaderElectionID names the leader-election Lease: its holder is the issuer.
+	LeaderElectionID = "issuer.locks.fencekeeper.dev"
+	// LockGrantResourceField is LockGrant's selectable field (and the
+	// operator's cache index) naming its FencedResource.
+	LockGrantResourceField = "spec.resource"
+)
+
+// OperatorUsername is the Kubernetes user name of the operator's service
+// account installed in namespace.
+func OperatorUsername(namespace string) string {
+	return "system:serviceaccount:" + namespace + ":" + ServiceAccountName
+}
+
+// Scheme knows the core Kubernetes types and the fencekeeper API. It is the
+// one scheme of every binary, test and of the client library.
+var Scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(AddToScheme(s))
+	return s
+}()
