@@ -69,6 +69,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
+	if err := (&NamespaceEnrollmentReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Name: name("namespace-enrollment")}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
 	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Issuer: issuer, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}

@@ -13,10 +13,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/enrollment"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
-// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-fencedresource,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.fencekeeper.dev,resources=fencedresources,verbs=create;update;delete,versions=v1alpha1,name=vfencedresource.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-fencedresource,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=fencedresources,verbs=create;update;delete,versions=v1alpha1,name=vfencedresource.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
 
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
 
@@ -26,12 +27,14 @@ import (
 type FencedResourceValidator struct {
 	// Reader reads the target around the cache.
 	Reader client.Reader
+	// Writer enrolls the entry's namespace.
+	Writer client.Writer
 }
 
 // SetupFencedResourceWebhook registers the validator.
 func SetupFencedResourceWebhook(mgr ctrl.Manager) error {
 	return ctrl.NewWebhookManagedBy(mgr, &locksv1.FencedResource{}).
-		WithValidator(&FencedResourceValidator{Reader: mgr.GetAPIReader()}).
+		WithValidator(&FencedResourceValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient()}).
 		Complete()
 }
 
@@ -41,6 +44,11 @@ func SetupFencedResourceWebhook(mgr ctrl.Manager) error {
 func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv1.FencedResource) (admission.Warnings, error) {
 	if fr.Spec.Target == nil {
 		return nil, nil
+	}
+	if req, err := admission.RequestFromContext(ctx); err == nil && !dryRun(req) {
+		if err := enrollment.Ensure(ctx, v.Writer, v.Reader, fr.Namespace); err != nil {
+			return nil, err
+		}
 	}
 	var others locksv1.FencedResourceList
 	if err := v.Reader.List(ctx, &others, client.InNamespace(fr.Namespace)); err != nil {
@@ -56,13 +64,13 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 	if target == nil || err != nil {
 		return nil, err
 	}
-	st, err := fence.StateOf(target.GetAnnotations()[fence.AnnotationFence], "")
-	if err != nil {
-		return nil, fmt.Errorf("target %s %s carries an unreadable %s annotation: %w", fr.Spec.Target.Kind, fr.Spec.Target.Name, fence.AnnotationFence, err)
+	e, err := fence.ParseEnvelope(target.GetAnnotations()[fence.AnnotationFence])
+	if err != nil || e.Grant.Resource != fr.Spec.ResourceID {
+		return nil, nil // no fence state of this resource: the webhook will not count it either
 	}
-	if st.HighestFence > fr.Spec.FenceFloor {
+	if f := e.Grant.FenceToken; f > fr.Spec.FenceFloor {
 		return nil, fmt.Errorf("target %s %s already accepted fence %d: set spec.fenceFloor to at least %d so that no fence is issued twice",
-			fr.Spec.Target.Kind, fr.Spec.Target.Name, st.HighestFence, st.HighestFence)
+			fr.Spec.Target.Kind, fr.Spec.Target.Name, f, f)
 	}
 	return nil, nil
 }
@@ -76,6 +84,12 @@ func (v *FencedResourceValidator) ValidateUpdate(_ context.Context, oldFR, newFR
 func (v *FencedResourceValidator) ValidateDelete(ctx context.Context, fr *locksv1.FencedResource) (admission.Warnings, error) {
 	if fr.Spec.Enforcement != locksv1.EnforcementEnforce || fr.Spec.Target == nil {
 		return nil, nil
+	}
+	if req, err := admission.RequestFromContext(ctx); err == nil && req.UserInfo.Username == locksv1.NamespaceControllerUsername {
+		// Namespace teardown: the entry goes with its namespace.
+		if terminating, err := NamespaceTerminating(ctx, v.Reader, fr.Namespace); err != nil || terminating {
+			return nil, err
+		}
 	}
 	t := fr.Spec.Target
 	if target, err := v.target(ctx, fr); target == nil || err != nil {

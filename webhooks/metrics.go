@@ -22,3 +22,10 @@ var (
 func init() {
 	metrics.Registry.MustRegister(decisions, decisionLatency, fenceRegressions)
 }
+
+var teardownDeletes = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "fencekeeper_namespace_teardown_deletes_total",
+	Help: "Deletes of protected objects and registry entries let through because the namespace controller empties a terminating namespace.",
+})
+
+func init() { metrics.Registry.MustRegister(teardownDeletes) }

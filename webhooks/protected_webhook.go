@@ -5,16 +5,20 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,21 +33,38 @@ import (
 // ProtectedPath is where the acceptance webhook is served.
 const ProtectedPath = "/validate-fencekeeper-protected"
 
-// The generated registration covers ConfigMaps; custom-resource kinds are added
-// to the same webhook's rules by configuration (see docs/protecting-objects.md).
+// Two entries of the configuration call the acceptance webhook (see
+// docs/security.md, "What is protected"). vprotected sees every labelled
+// object of a protected kind in any namespace; vprotected-enrolled sees the
+// unlabelled ones, only in namespaces that hold FencedResources (the operator
+// labels them). Between them every write to a target reaches the webhook,
+// whatever the target's labels, while writes in namespaces without
+// FencedResources never depend on fencekeeper. The generated rules cover
+// ConfigMaps; an installation adds its custom kinds with every subresource.
 // +kubebuilder:webhook:path=/validate-fencekeeper-protected,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=configmaps,verbs=create;update;delete,versions=v1,name=vprotected.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchLabels":{"fencekeeper.dev/protected":"true"}},"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["fencekeeper-system"]}]}}`
+// +kubebuilder:webhook:path=/validate-fencekeeper-protected,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=configmaps,verbs=create;update;delete,versions=v1,name=vprotected-enrolled.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchExpressions":[{"key":"fencekeeper.dev/protected","operator":"NotIn","values":["true"]}]},"namespaceSelector":{"matchExpressions":[{"key":"fencekeeper.dev/enrolled","operator":"In","values":["true"]},{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["fencekeeper-system"]}]}}`
 
 // +kubebuilder:rbac:groups=locks.fencekeeper.dev,resources=fencedresources/status,verbs=get;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch;patch
 
 // ProtectedObjectValidator is the acceptance point for protected objects of
-// any kind. It gathers the inputs of fence.Decide — the caller from userInfo,
-// the stored state from the old object, the new content's digest, the trust
-// bundle and a linearizable read of the FencedResource — and applies the
-// FencedResource's enforcement mode to the verdict.
+// any kind. The registry decides what is protected: it finds the
+// FencedResource whose target is the object (by the object's
+// fencekeeper.dev/resource annotation or the cache's target index, then
+// always a linearizable GET), gathers the inputs of fence.Decide — the caller
+// from userInfo, the trusted stored state, the new content's digest, the
+// trust bundle — and applies the entry's enforcement mode to the verdict.
 type ProtectedObjectValidator struct {
 	// Reader must not be a cache: the registry read has to be linearizable.
-	Reader   client.Reader
+	Reader client.Reader
+	// Index is the cache with FencedResources indexed by target. It only
+	// nominates entries (each is then read through Reader); an object it does
+	// not know and that names no entry itself is nobody's target.
+	Index client.Reader
+	// Writer records a deleted target's fence state in the registry.
+	Writer   client.Client
+	Mapper   meta.RESTMapper
 	Bundle   *TrustBundleSource
 	Clock    clock.Clock
 	Recorder events.EventRecorder
@@ -52,12 +73,18 @@ type ProtectedObjectValidator struct {
 
 // SetupProtectedWebhook registers the acceptance webhook and its status recorder.
 func SetupProtectedWebhook(mgr ctrl.Manager, namespace string, clk clock.Clock) (*ProtectedObjectValidator, error) {
+	if err := IndexTargets(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
+	}
 	status := NewStatusRecorder(mgr.GetClient(), mgr.GetAPIReader())
 	if err := mgr.Add(status); err != nil {
 		return nil, err
 	}
 	v := &ProtectedObjectValidator{
 		Reader:   mgr.GetAPIReader(),
+		Index:    mgr.GetCache(),
+		Writer:   mgr.GetClient(),
+		Mapper:   mgr.GetRESTMapper(),
 		Bundle:   &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: locksv1.TrustBundleConfigMap}},
 		Clock:    clk,
 		Recorder: mgr.GetEventRecorder("fencekeeper-webhook"),
@@ -67,126 +94,289 @@ func SetupProtectedWebhook(mgr ctrl.Manager, namespace string, clk clock.Clock) 
 	return v, nil
 }
 
+// IndexTargets indexes FencedResources by TargetKey in a cache.
+func IndexTargets(ctx context.Context, indexer client.FieldIndexer) error {
+	return indexer.IndexField(ctx, &locksv1.FencedResource{}, locksv1.FencedResourceTargetField, func(o client.Object) []string {
+		if t := o.(*locksv1.FencedResource).Spec.Target; t != nil {
+			return []string{t.Key()}
+		}
+		return nil
+	})
+}
+
+// request is one admission request, decoded: the object it is about (for a
+// subresource, the parent object) and its old and new states.
+type request struct {
+	admission.Request
+	group, kind, name string
+	oldObj, newObj    *unstructured.Unstructured
+}
+
 // Handle decides one admission request.
 func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	defer func() { decisionLatency.WithLabelValues(string(req.Operation)).Observe(time.Since(start).Seconds()) }()
 
-	oldObj, newObj, err := decodeObjects(req)
+	r, err := v.decode(req)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	subject := newObj
-	if subject == nil {
-		subject = oldObj
-	}
-	// The binding to a registry entry is the stored object's, so that changing
-	// or removing the annotation is judged against the entry it leaves.
-	binding := subject.GetAnnotations()[fence.AnnotationResource]
-	rebound := ""
-	if oldObj != nil {
-		if b := oldObj.GetAnnotations()[fence.AnnotationResource]; b != "" {
-			if newObj != nil && newObj.GetAnnotations()[fence.AnnotationResource] != b {
-				rebound = b
-			}
-			binding = b
-		}
-	}
-	fr, reg, err := v.registry(ctx, req.Namespace, binding, subject)
+	fr, err := v.entry(ctx, r)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if fr == nil {
+		decisions.WithLabelValues(notProtected, "", "true").Inc()
+		return admission.Allowed("not protected: no FencedResource names this object as its target")
+	}
+	if teardown, err := v.namespaceTeardown(ctx, r); err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	} else if teardown {
+		return v.allowTeardown(r, fr)
 	}
 	bundle, err := v.Bundle.Get(ctx)
 	if err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, err)
 	}
-
-	if rebound != "" && newObj != nil {
-		// The binding to a registry entry is part of what the fence protects.
-		return v.respond(ctx, req, fr, subject, fence.State{}, fence.Decision{Verdict: fence.WrongResource,
-			Message: fmt.Sprintf("WRONG_RESOURCE: the %s annotation cannot change (it names %s)", fence.AnnotationResource, rebound)})
+	reg := registryOf(fr, v.Clock.Now())
+	st := trustedState(r.oldObj, fr, bundle)
+	var d fence.Decision
+	switch r.SubResource {
+	case "":
+		if d, err = decideObject(r, fr, st, reg, bundle); err != nil {
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+	case "status":
+		// Only a kind with a status subresource has one, and the API server
+		// keeps everything but status as stored: no business content changes.
+		d = fence.Decision{Verdict: fence.Unchanged, Message: "UNCHANGED: the status subresource carries no business content", State: st}
+	default:
+		d = fence.Decision{Verdict: fence.FenceRequired, State: st, Message: fmt.Sprintf(
+			"FENCE_REQUIRED: the %s subresource changes the content of a protected object and cannot carry a %s annotation; write the object itself with a fenced segment",
+			r.SubResource, fence.AnnotationFence)}
 	}
-	attempt := fence.Attempt{User: req.UserInfo.Username, Delete: req.Operation == admissionv1.Delete}
-	st := storedState(oldObj, fr, bundle)
-	if newObj != nil {
-		attempt.Changed = oldObj == nil || changed(oldObj, newObj)
-		attempt.Fence = newObj.GetAnnotations()[fence.AnnotationFence]
-		if attempt.Payload, err = fence.PayloadDigest(fence.ObjectPayload(newObj.Object)); err != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("digest of the new content: %w", err))
+	if d.Verdict == fence.Accepted && r.Operation == admissionv1.Delete && !dryRun(req) {
+		if err := v.rememberDeleted(ctx, fr, r.oldObj, st); err != nil {
+			return admission.Errored(http.StatusServiceUnavailable, err)
 		}
 	}
-	d := fence.Decide(st, attempt, reg, bundle)
-	if d.Verdict == fence.Accepted && newObj != nil {
-		d = checkReceiptLog(d, st, newObj)
-	}
-	return v.respond(ctx, req, fr, subject, st, d)
+	return v.respond(ctx, r, fr, st, d)
 }
 
-// registry reads the FencedResource with a GET to the API server (a quorum
-// read, never the informer cache) and checks that its target names the object.
-func (v *ProtectedObjectValidator) registry(ctx context.Context, ns, name string, obj *unstructured.Unstructured) (*locksv1.FencedResource, fence.Registry, error) {
-	reg := fence.Registry{Now: v.Clock.Now()}
-	if name == "" {
-		reg.Missing = fmt.Sprintf("the protected object has no %s annotation naming its FencedResource", fence.AnnotationResource)
-		return nil, reg, nil
+// notProtected is the verdict label of writes to objects that are nobody's target.
+const notProtected = "NOT_PROTECTED"
+
+func (v *ProtectedObjectValidator) decode(req admission.Request) (*request, error) {
+	oldObj, newObj, err := decodeObjects(req)
+	if err != nil {
+		return nil, err
 	}
-	var fr locksv1.FencedResource
-	if err := v.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &fr); err != nil {
-		if apierrors.IsNotFound(err) {
-			reg.Missing = fmt.Sprintf("FencedResource %s/%s named by %s does not exist", ns, name, fence.AnnotationResource)
-			return nil, reg, nil
+	r := &request{Request: req, oldObj: oldObj, newObj: newObj, group: req.Kind.Group, kind: req.Kind.Kind, name: req.Name}
+	if req.SubResource != "" {
+		// The request's kind is the subresource's (Scale); the target is the parent.
+		gvk, err := v.Mapper.KindFor(schema.GroupVersionResource{Group: req.Resource.Group, Version: req.Resource.Version, Resource: req.Resource.Resource})
+		if err != nil {
+			return nil, fmt.Errorf("kind of %s: %w", req.Resource.Resource, err)
 		}
-		return nil, reg, fmt.Errorf("read FencedResource %s/%s: %w", ns, name, err)
+		r.group, r.kind = gvk.Group, gvk.Kind
 	}
-	t := fr.Spec.Target
-	if t == nil || t.APIVersion != obj.GetAPIVersion() || t.Kind != obj.GetKind() || t.Name != obj.GetName() {
-		// Not this object's entry: its mode and records do not apply (fail closed).
-		reg.Missing = fmt.Sprintf("FencedResource %s/%s does not name this %s %q as its target", ns, name, obj.GetKind(), obj.GetName())
-		return nil, reg, nil
+	if r.name == "" {
+		if newObj != nil {
+			r.name = newObj.GetName()
+		} else {
+			r.name = oldObj.GetName()
+		}
 	}
-	reg.Found, reg.ResourceID, reg.Generation = true, fr.Spec.ResourceID, fr.Generation
+	return r, nil
+}
+
+// entry returns the FencedResource whose target is the object, read with a
+// linearizable GET, or nil when the object is nobody's target. Candidates are
+// the entries the object's old and new annotations name and the ones the
+// cache's target index knows.
+func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*locksv1.FencedResource, error) {
+	var names []string
+	for _, o := range []*unstructured.Unstructured{r.oldObj, r.newObj} {
+		if o != nil && r.SubResource == "" {
+			if n := o.GetAnnotations()[fence.AnnotationResource]; n != "" && !slices.Contains(names, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	var indexed locksv1.FencedResourceList
+	key := locksv1.TargetKey(r.group, r.kind, r.name)
+	if err := v.Index.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetField: key}); err != nil {
+		return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
+	}
+	for _, fr := range indexed.Items {
+		if !slices.Contains(names, fr.Name) {
+			names = append(names, fr.Name)
+		}
+	}
+	for _, name := range names {
+		var fr locksv1.FencedResource
+		if err := v.Reader.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: name}, &fr); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("read FencedResource %s/%s: %w", r.Namespace, name, err)
+		}
+		if fr.Spec.Target != nil && fr.Spec.Target.Key() == key {
+			return &fr, nil
+		}
+	}
+	return nil, nil
+}
+
+func registryOf(fr *locksv1.FencedResource, now time.Time) fence.Registry {
+	reg := fence.Registry{Now: now, Found: true, ResourceID: fr.Spec.ResourceID, Generation: fr.Generation}
 	if h := fr.Status.Holder; h != nil {
 		reg.Holder = &fence.Holder{Digest: h.Digest, Owner: h.Owner, Lease: h.Lease, RequestID: h.RequestID, Fence: h.FenceToken, ExpiresAt: h.ExpiresAt.Time}
 	}
-	return &fr, reg, nil
+	return reg
 }
 
-// storedState is the fence state the object holds. It is trusted only if its
-// grant verifies: an annotation planted while the entry was in Shadow mode, or
-// mangled by hand, counts for nothing. It never falls below the highest fence
-// the registry saw at the target, so deleting and re-creating the object, or a
-// planted state, cannot let an older fence in.
-func storedState(oldObj *unstructured.Unstructured, fr *locksv1.FencedResource, bundle *grant.TrustBundle) fence.State {
+// decideObject decides a CREATE, UPDATE or DELETE of the object itself.
+func decideObject(r *request, fr *locksv1.FencedResource, st fence.State, reg fence.Registry, bundle *grant.TrustBundle) (fence.Decision, error) {
+	attempt := fence.Attempt{User: r.UserInfo.Username, Delete: r.Operation == admissionv1.Delete}
+	if r.newObj != nil {
+		attempt.Changed = r.oldObj == nil || changed(r.oldObj, r.newObj)
+		attempt.Fence = r.newObj.GetAnnotations()[fence.AnnotationFence]
+		payload, err := fence.PayloadDigest(fence.ObjectPayload(r.newObj.Object))
+		if err != nil {
+			return fence.Decision{}, fmt.Errorf("digest of the new content: %w", err)
+		}
+		attempt.Payload = payload
+	}
+	missing := ""
+	if attempt.Changed {
+		missing = protectionRemoved(r.newObj, fr)
+	}
+	removes := missing != "" && r.oldObj != nil && protectionRemoved(r.oldObj, fr) == ""
+	if removes {
+		// Dropping the protection is refused first, whoever asks.
+		return fence.Decision{Verdict: fence.ProtectionRemoved, State: st, Message: "PROTECTION_REMOVED: " + missing}, nil
+	}
+	d := fence.Decide(st, attempt, reg, bundle)
+	if d.Verdict == fence.Accepted && missing != "" {
+		// A fenced write to a target that never carried the marks must add them.
+		return fence.Decision{Verdict: fence.ProtectionRemoved, State: st, Envelope: d.Envelope, Message: "PROTECTION_REMOVED: " + missing}, nil
+	}
+	if d.Verdict == fence.Accepted && r.newObj != nil {
+		d = checkReceiptLog(d, st, r.newObj)
+	}
+	return d, nil
+}
+
+// protectionRemoved says what a target's new state lacks: the protected label
+// and the annotation naming its entry route writes and tell readers the object
+// is fenced, so no write may drop them while the entry exists.
+func protectionRemoved(obj *unstructured.Unstructured, fr *locksv1.FencedResource) string {
+	if obj.GetLabels()[fence.LabelProtected] != "true" {
+		return fmt.Sprintf("%s %s is the target of FencedResource %s and must carry the label %s=true", obj.GetKind(), obj.GetName(), fr.Name, fence.LabelProtected)
+	}
+	if got := obj.GetAnnotations()[fence.AnnotationResource]; got != fr.Name {
+		return fmt.Sprintf("%s %s is the target of FencedResource %s and must carry the annotation %s=%s (it has %q)", obj.GetKind(), obj.GetName(), fr.Name, fence.AnnotationResource, fr.Name, got)
+	}
+	return ""
+}
+
+// trustedState is the fence state the stored object holds, counted only if
+// the acceptance point can have accepted it: its grant verifies and is bound
+// to this entry's resourceID. Anything else — a state planted while the object
+// was nobody's target, a real grant of another resource — counts for nothing:
+// no fence, no receipts (fence.Stamp starts the log over the same way). A new
+// object continues the state its holder deleted. The result never falls below
+// the highest fence the registry saw at the target.
+func trustedState(oldObj *unstructured.Unstructured, fr *locksv1.FencedResource, bundle *grant.TrustBundle) fence.State {
 	var st fence.State
-	if oldObj != nil {
+	switch {
+	case oldObj != nil:
 		ann := oldObj.GetAnnotations()
 		parsed, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-		if err == nil && parsed.Accepted != "" {
-			e, _ := fence.ParseEnvelope(parsed.Accepted)
-			if bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof) != nil {
-				parsed = fence.State{}
-			}
-		}
-		if err == nil {
+		if err == nil && parsed.Accepted != "" && bound(parsed.Accepted, fr, bundle) {
 			st = parsed
 		}
+	case fr.Status.DeletedTarget != nil:
+		dt := fr.Status.DeletedTarget
+		st = fence.State{HighestFence: dt.FenceToken, Root: dt.OperationRoot, LastSegment: dt.Segment, GrantDigest: dt.GrantDigest}
 	}
-	if fr != nil && fr.Status.HighestObservedFence > st.HighestFence {
+	if fr.Status.HighestObservedFence > st.HighestFence {
 		st = fence.State{HighestFence: fr.Status.HighestObservedFence}
 	}
 	return st
 }
 
+func bound(envelope string, fr *locksv1.FencedResource, bundle *grant.TrustBundle) bool {
+	e, err := fence.ParseEnvelope(envelope)
+	return err == nil && e.Grant.Resource == fr.Spec.ResourceID && bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof) == nil
+}
+
+// rememberDeleted records the deleted target's fence state in the registry
+// before the deletion is admitted, so its holder can create it again with the
+// next segment. A deletion that then fails leaves a record nobody reads: the
+// record is used only when the object does not exist.
+func (v *ProtectedObjectValidator) rememberDeleted(ctx context.Context, fr *locksv1.FencedResource, oldObj *unstructured.Unstructured, st fence.State) error {
+	dt := &locksv1.DeletedTarget{FenceToken: st.HighestFence, OperationRoot: st.Root, Segment: st.LastSegment,
+		GrantDigest: st.GrantDigest, UID: string(oldObj.GetUID()), DeletedAt: metav1.NewTime(v.Clock.Now())}
+	key := client.ObjectKeyFromObject(fr)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur locksv1.FencedResource
+		if err := v.Reader.Get(ctx, key, &cur); err != nil {
+			return err
+		}
+		cur.Status.DeletedTarget = dt
+		return v.Writer.Status().Update(ctx, &cur)
+	})
+}
+
+// namespaceTeardown reports whether the request is the namespace controller
+// emptying a terminating namespace: its deletes are let through (audited), or
+// deleting a namespace that holds an enforced target would never complete.
+func (v *ProtectedObjectValidator) namespaceTeardown(ctx context.Context, r *request) (bool, error) {
+	if r.Operation != admissionv1.Delete || r.UserInfo.Username != locksv1.NamespaceControllerUsername {
+		return false, nil
+	}
+	return NamespaceTerminating(ctx, v.Reader, r.Namespace)
+}
+
+// NamespaceTerminating reads the namespace around the cache.
+func NamespaceTerminating(ctx context.Context, reader client.Reader, name string) (bool, error) {
+	var ns corev1.Namespace
+	if err := reader.Get(ctx, types.NamespacedName{Name: name}, &ns); err != nil {
+		return false, fmt.Errorf("read namespace %s: %w", name, err)
+	}
+	return ns.DeletionTimestamp != nil, nil
+}
+
+func (v *ProtectedObjectValidator) allowTeardown(r *request, fr *locksv1.FencedResource) admission.Response {
+	teardownDeletes.Inc()
+	decisions.WithLabelValues(namespaceTeardown, string(fr.Spec.Enforcement), "true").Inc()
+	if !dryRun(r.Request) {
+		v.Recorder.Eventf(fr, nil, corev1.EventTypeNormal, "NamespaceTeardown", "Delete",
+			"%s %s deleted by the namespace controller while namespace %s terminates", r.kind, r.name, r.Namespace)
+	}
+	return admission.Allowed("namespace teardown: the namespace controller deletes everything in a terminating namespace")
+}
+
+// namespaceTeardown is the verdict label of deletes during namespace teardown.
+const namespaceTeardown = "NAMESPACE_TEARDOWN"
+
 // respond applies the enforcement mode, records the decision and answers.
-func (v *ProtectedObjectValidator) respond(ctx context.Context, req admission.Request, fr *locksv1.FencedResource, obj *unstructured.Unstructured, stored fence.State, d fence.Decision) admission.Response {
-	mode := locksv1.EnforcementEnforce // no registry entry: fail closed
-	if fr != nil && fr.Spec.Enforcement != "" {
-		mode = fr.Spec.Enforcement
+func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *locksv1.FencedResource, stored fence.State, d fence.Decision) admission.Response {
+	mode := fr.Spec.Enforcement
+	if mode == "" {
+		mode = locksv1.EnforcementShadow
+	}
+	if mode == locksv1.EnforcementShadow && !d.Verdict.Allowed() && plantsFenceState(r) {
+		// Shadow lets unfenced content through, never fence state: whatever
+		// the stored annotations say must have been accepted here.
+		mode = locksv1.EnforcementEnforce
+		d.Message += fmt.Sprintf(" (in Shadow too, the %s and %s annotations change only with an accepted segment)", fence.AnnotationFence, fence.AnnotationReceipts)
 	}
 	allowed := d.Verdict.Allowed() || mode == locksv1.EnforcementShadow
 	decisions.WithLabelValues(string(d.Verdict), string(mode), fmt.Sprint(allowed)).Inc()
-	if fr != nil && !dryRun(req) {
-		v.observe(req, fr, d, stored)
+	if !dryRun(r.Request) {
+		v.observe(r, fr, d, stored)
 	}
 	switch {
 	case d.Verdict.Allowed():
@@ -194,18 +384,32 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, req admission.Re
 	case mode == locksv1.EnforcementShadow:
 		return admission.Allowed("").WithWarnings("fencekeeper: would deny: " + d.Message)
 	}
-	if fr != nil && !dryRun(req) {
+	if !dryRun(r.Request) {
 		v.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, string(d.Verdict), "Deny",
-			"%s of %s %s by %s denied: %s", strings.ToLower(string(req.Operation)), obj.GetKind(), obj.GetName(), req.UserInfo.Username, d.Message)
+			"%s of %s %s by %s denied: %s", strings.ToLower(string(r.Operation)), r.kind, r.name, r.UserInfo.Username, d.Message)
 	}
 	return admission.Denied(d.Message)
+}
+
+// plantsFenceState reports whether a write sets fence annotations other than
+// the stored ones.
+func plantsFenceState(r *request) bool {
+	if r.newObj == nil || r.SubResource != "" {
+		return false
+	}
+	var before map[string]string
+	if r.oldObj != nil {
+		before = r.oldObj.GetAnnotations()
+	}
+	after := r.newObj.GetAnnotations()
+	return before[fence.AnnotationFence] != after[fence.AnnotationFence] || before[fence.AnnotationReceipts] != after[fence.AnnotationReceipts]
 }
 
 // observe queues what the registry should know: the highest fence the target
 // holds, regressions, and quarantined attempts.
 // The highest fence is taken from the stored object, never from a write not
 // yet committed (it may still fail), so highestObservedFence never overstates.
-func (v *ProtectedObjectValidator) observe(req admission.Request, fr *locksv1.FencedResource, d fence.Decision, stored fence.State) {
+func (v *ProtectedObjectValidator) observe(req *request, fr *locksv1.FencedResource, d fence.Decision, stored fence.State) {
 	key := types.NamespacedName{Namespace: fr.Namespace, Name: fr.Name}
 	highest := stored.HighestFence
 	switch {
@@ -268,7 +472,9 @@ func comparable(u *unstructured.Unstructured) map[string]any {
 			delete(md, k)
 		}
 	}
-	delete(c, "status") // written through the status subresource, not intercepted here
+	// status stays: a kind with a status subresource keeps the stored status
+	// on writes of the object itself, so only a kind without one (where
+	// status is ordinary content) can change it here.
 	return c
 }
 

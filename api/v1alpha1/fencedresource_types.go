@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"strings"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -242,11 +244,41 @@ type FencedResourceStatus struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	Quarantine []QuarantineRecord `json:"quarantine,omitempty"`
+	// deletedTarget is the last accepted fence state of the target when its
+	// holder deleted it (a declared delete), so that the holder re-creating
+	// it continues with the next segment instead of a false FENCE_REGRESSION.
+	// Written only by the acceptance webhook.
+	// +optional
+	DeletedTarget *DeletedTarget `json:"deletedTarget,omitempty"`
 	// conditions: Ready, Held, FenceRegression, ReconciliationRequired.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Key is the target's TargetKey.
+func (t *ObjectTarget) Key() string {
+	group := ""
+	if i := strings.LastIndex(t.APIVersion, "/"); i >= 0 {
+		group = t.APIVersion[:i]
+	}
+	return TargetKey(group, t.Kind, t.Name)
+}
+
+// DeletedTarget is the fence state a target held when it was deleted.
+type DeletedTarget struct {
+	// fenceToken, operationRoot and segment are the last accepted segment's.
+	FenceToken    int64  `json:"fenceToken"`
+	OperationRoot string `json:"operationRoot"`
+	Segment       int64  `json:"segment"`
+	// grantDigest is the digest of the grant that deleted the target.
+	GrantDigest string `json:"grantDigest"`
+	// uid is the deleted object's uid.
+	// +optional
+	UID string `json:"uid,omitempty"`
+	// deletedAt is when the acceptance webhook admitted the deletion.
+	DeletedAt metav1.Time `json:"deletedAt"`
 }
 
 // FencedResource is the canonical registry entry of one protected resource:

@@ -27,7 +27,24 @@ const (
 	// LockGrantResourceField is LockGrant's selectable field (and the
 	// operator's cache index) naming its FencedResource.
 	LockGrantResourceField = "spec.resource"
+	// FencedResourceTargetField is the webhooks' cache index of
+	// FencedResources by target ("group/kind/name", see TargetKey).
+	FencedResourceTargetField = "spec.target"
+	// LabelEnrolledNamespace marks a namespace that holds FencedResources:
+	// the protected-object webhook sees every write of a protected kind there,
+	// labelled or not. The operator sets and removes it; nobody else should.
+	LabelEnrolledNamespace = "fencekeeper.dev/enrolled"
+	// NamespaceControllerUsername is kube-controller-manager's namespace
+	// controller, whose deletes in a terminating namespace are let through.
+	NamespaceControllerUsername = "system:serviceaccount:kube-system:namespace-controller"
 )
+
+// TargetKey is the index key of a target in its namespace. The version is
+// left out on purpose: an object written through any served version of its
+// kind is the same object.
+func TargetKey(group, kind, name string) string {
+	return group + "/" + kind + "/" + name
+}
 
 // OperatorUsername is the Kubernetes user name of the operator's service
 // account installed in namespace.

@@ -215,6 +215,10 @@ type auditor struct {
 func (a *auditor) object(ctx context.Context, gvk schema.GroupVersionKind, obj *unstructured.Unstructured) auditRow {
 	row := auditRow{Namespace: obj.GetNamespace(), Object: gvk.Kind + "/" + obj.GetName(), APIVersion: gvk.GroupVersion().String(), Exists: true}
 	row.WebhookCovers, row.Gaps = a.covers(ctx, gvk, obj.GetNamespace(), obj.GetLabels())
+	if covered, _ := a.covers(ctx, gvk, obj.GetNamespace(), nil); !covered {
+		row.Gaps = append(row.Gaps, fmt.Sprintf("namespace %s is not enrolled (label %s=true): a write that drops the label is not seen (the operator enrolls namespaces that hold FencedResources)",
+			obj.GetNamespace(), locksv1.LabelEnrolledNamespace))
+	}
 	frName := obj.GetAnnotations()[fence.AnnotationResource]
 	if frName == "" {
 		row.Gaps = append(row.Gaps, "no fencekeeper.dev/resource annotation (fix: annotate it with the FencedResource that protects it)")
@@ -241,20 +245,18 @@ func (a *auditor) unlabeledTarget(ctx context.Context, fr *locksv1.FencedResourc
 	t := fr.Spec.Target
 	gvk := schema.FromAPIVersionAndKind(t.APIVersion, t.Kind)
 	row := auditRow{Namespace: fr.Namespace, Object: t.Kind + "/" + t.Name, APIVersion: t.APIVersion, FencedResource: fr.Name, Enforcement: enforcementOf(fr)}
-	want := map[string]string{fence.LabelProtected: "true"}
-	row.WebhookCovers, row.Gaps = a.covers(ctx, gvk, fr.Namespace, want)
+	// Unlabelled (absent, or created by someone else): only the enrolled
+	// namespace's entry sees its writes.
+	row.WebhookCovers, row.Gaps = a.covers(ctx, gvk, fr.Namespace, nil)
 	obj := &unstructured.Unstructured{}
 	obj.SetGroupVersionKind(gvk)
 	err := a.kube.Get(ctx, client.ObjectKey{Namespace: fr.Namespace, Name: t.Name}, obj)
 	switch {
 	case apierrors.IsNotFound(err):
-		// Created later by a fenced write, which carries the label.
 	case err != nil:
 		row.Gaps = append(row.Gaps, fmt.Sprintf("cannot read the target: %v", err))
 	default:
 		row.Exists = true
-		row.Gaps = append(row.Gaps, fmt.Sprintf("exists without label %s=true: the webhook never sees its writes (fix: label it and annotate %s=%s)",
-			fence.LabelProtected, fence.AnnotationResource, fr.Name))
 	}
 	if a.requireEnforce && row.Enforcement != locksv1.EnforcementEnforce {
 		row.Gaps = append(row.Gaps, "enforcement is Shadow")
@@ -282,6 +284,10 @@ func (a *auditor) covers(ctx context.Context, gvk schema.GroupVersionKind, ns st
 		if w.FailurePolicy != nil && *w.FailurePolicy == admissionregistrationv1.Ignore {
 			gaps = append(gaps, fmt.Sprintf("webhook %s has failurePolicy Ignore: writes pass unchecked when it is down (fix: failurePolicy Fail)", w.Name))
 		}
+		if res.Group != "" && !ruleCovers(w.Rules, res.GroupVersion().WithResource(res.Resource+"/*")) {
+			gaps = append(gaps, fmt.Sprintf("webhook %s does not cover the subresources of %s: /scale can change its content unfenced (fix: add %s/* to its rules)",
+				w.Name, res.GroupResource(), res.Resource))
+		}
 		return true, gaps
 	}
 	return false, []string{fmt.Sprintf("the acceptance webhook does not cover %s here (fix: add %s to the rules of vprotected.fencekeeper.dev, docs/protecting-objects.md)",
@@ -304,8 +310,14 @@ func ruleCovers(rules []admissionregistrationv1.RuleWithOperations, res schema.G
 	need := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
 	covered := map[admissionregistrationv1.OperationType]bool{}
 	match := func(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }
+	matchResource := func(list []string, v string) bool {
+		if parent, _, sub := strings.Cut(v, "/"); sub {
+			return slices.Contains(list, v) || slices.Contains(list, parent+"/*") || slices.Contains(list, "*/*")
+		}
+		return match(list, v)
+	}
 	for _, r := range rules {
-		if !match(r.APIGroups, res.Group) || !match(r.APIVersions, res.Version) || !match(r.Resources, res.Resource) {
+		if !match(r.APIGroups, res.Group) || !match(r.APIVersions, res.Version) || !matchResource(r.Resources, res.Resource) {
 			continue
 		}
 		for _, op := range r.Operations {

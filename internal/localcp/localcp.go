@@ -37,6 +37,8 @@ const (
 	WorkersGroup = "fencekeeper:workers"
 	// ProtectedWebhook is the protected-object webhook's name in that configuration.
 	ProtectedWebhook = "vprotected.fencekeeper.dev"
+	// EnrolledWebhook is the entry that sees unlabelled objects in enrolled namespaces.
+	EnrolledWebhook = "vprotected-enrolled.fencekeeper.dev"
 )
 
 // Options describe what to install besides fencekeeper's own manifests.
@@ -152,7 +154,7 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	writer := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: writeVerbs}}
 	var reader []rbacv1.PolicyRule
 	for _, k := range cp.opts.ProtectedKinds {
-		writer = append(writer, rbacv1.PolicyRule{APIGroups: []string{k.Group}, Resources: []string{k.Resource}, Verbs: writeVerbs})
+		writer = append(writer, rbacv1.PolicyRule{APIGroups: []string{k.Group}, Resources: []string{k.Resource, k.Resource + "/scale", k.Resource + "/status"}, Verbs: writeVerbs})
 		reader = append(reader, rbacv1.PolicyRule{APIGroups: []string{k.Group}, Resources: []string{k.Resource}, Verbs: []string{"get"}})
 	}
 	objs = append(objs,
@@ -206,12 +208,13 @@ func (cp *ControlPlane) WebhookConfigurations() ([]*admissionregistrationv1.Vali
 		}
 		cfg.Name = locksv1.WebhookConfigurationName
 		for i := range cfg.Webhooks {
-			if cfg.Webhooks[i].Name != ProtectedWebhook {
+			if name := cfg.Webhooks[i].Name; name != ProtectedWebhook && name != EnrolledWebhook {
 				continue
 			}
 			for _, k := range cp.opts.ProtectedKinds {
+				// The kind and every subresource: /scale changes content too.
 				rule := cfg.Webhooks[i].Rules[0].DeepCopy()
-				rule.APIGroups, rule.APIVersions, rule.Resources = []string{k.Group}, []string{k.Version}, []string{k.Resource}
+				rule.APIGroups, rule.APIVersions, rule.Resources = []string{k.Group}, []string{k.Version}, []string{k.Resource, k.Resource + "/*"}
 				cfg.Webhooks[i].Rules = append(cfg.Webhooks[i].Rules, *rule)
 			}
 		}

@@ -190,20 +190,34 @@ func compact(v any) []byte {
 
 // Stamp prepares a fenced write: given the annotations of the object as read
 // (they hold the stored receipt log), it sets the fence annotation to env and
-// the receipt log to the stored log plus env's receipt. The caller writes the
+// the receipt log to the stored log plus env's receipt. A stored log counts
+// only under a stored fence annotation of the same resource, as the
+// acceptance point counts it: a log planted without one starts over. The caller writes the
 // object with these annotations and the content env.Payload digests, in one write.
 func Stamp(annotations map[string]string, env Envelope) (Receipt, error) {
 	if annotations == nil {
 		return Receipt{}, fmt.Errorf("Stamp needs the object's annotations map (make one when it has none)")
 	}
-	stored, err := ParseReceipts(annotations[AnnotationReceipts])
-	if err != nil {
-		return Receipt{}, err
-	}
 	g := env.Grant
+	var stored []Receipt
+	if boundTo(annotations[AnnotationFence], g.Resource) {
+		var err error
+		if stored, err = ParseReceipts(annotations[AnnotationReceipts]); err != nil {
+			return Receipt{}, err
+		}
+	}
 	r := Receipt{Fence: g.FenceToken, Segment: env.Segment, Operation: env.Operation, Payload: env.Payload,
 		Receipt: ReceiptDigest(g.Resource, g.FenceToken, g.OperationRoot, env.Segment, env.Operation, env.Payload)}
 	annotations[AnnotationFence] = env.Encode()
 	annotations[AnnotationReceipts] = EncodeReceipts(AppendReceipt(stored, r))
 	return r, nil
+}
+
+// boundTo reports whether a stored fence annotation is an envelope of resource.
+func boundTo(fenceAnnotation, resource string) bool {
+	if fenceAnnotation == "" {
+		return false
+	}
+	e, err := ParseEnvelope(fenceAnnotation)
+	return err == nil && e.Grant.Resource == resource
 }

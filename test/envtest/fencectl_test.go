@@ -243,12 +243,14 @@ var _ = Describe("kubectl fence", func() {
 		Expect(r.code).To(Equal(1))
 		Expect(r.stdout).To(ContainSubstring("enforcement is Shadow"))
 
-		// A target created without the label is invisible to the webhook: a gap.
+		// A target created without the label is still seen: the registry
+		// decides, and the namespace holding the entry is enrolled.
 		Expect(admin.Create(suiteCtx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "not-yet"}})).To(Succeed())
-		r = kubectlFence(adminCfg, "audit", "-n", ns)
-		Expect(r.code).To(Equal(1))
-		Expect(r.stdout).To(MatchRegexp(`ConfigMap/not-yet\s+not-yet\s+Shadow\s+yes\s+GAP: exists without label fencekeeper.dev/protected=true`))
-		Expect(r.stderr).To(ContainSubstring("audit found 1 gap(s)"))
+		rep = auditJSON{}
+		kubectlFence(adminCfg, "audit", "-n", ns, "-o", "json").json(&rep)
+		Expect(rep.Gaps).To(BeZero())
+		Expect(rep.Objects[1].Object).To(Equal("ConfigMap/not-yet"))
+		Expect(rep.Objects[1].Exists && rep.Objects[1].WebhookCovers).To(BeTrue())
 
 		// A labeled object where the webhook does not look (the operator's own
 		// namespace is excluded by the namespaceSelector), naming no FencedResource.
@@ -268,6 +270,7 @@ var _ = Describe("kubectl fence", func() {
 		}
 		Expect(gaps).To(ContainElements(
 			ContainSubstring("the acceptance webhook does not cover configmaps here"),
+			ContainSubstring("is not enrolled"),
 			ContainSubstring("no fencekeeper.dev/resource annotation")))
 	})
 })

@@ -261,8 +261,8 @@ var _ = Describe("the acceptance webhook", func() {
 				t := newTarget(kind, ns, "batch", locksv1.EnforcementEnforce)
 				a := held(ns, "batch", "worker-a", "a")
 				Expect(t.write(a, 1, "v1")).To(Succeed())
-				// Removing the label is a change like any other.
-				t.deniedWith(fence.FenceRequired, func() error {
+				// Removing the label is a change like any other, and never allowed.
+				t.deniedWith(fence.ProtectionRemoved, func() error {
 					u := t.get()
 					u.SetLabels(nil)
 					return workers["worker-a"].Update(suiteCtx, u)
@@ -304,18 +304,20 @@ var _ = Describe("the acceptance webhook", func() {
 		newTarget(kind, ns, "scratch", locksv1.EnforcementShadow)
 		a := held(ns, "batch", "worker-a", "a")
 		Expect(t.write(a, 1, "v1")).To(Succeed())
-		// A new object that points at a Shadow entry whose target is another object: denied, not warned.
+		// A new object that points at a Shadow entry whose target is another
+		// object is nobody's target: the registry decides, not the annotation,
+		// and the entry it names learns nothing from it.
 		impostor := target{kind: kind, ns: ns, name: "impostor"}
 		s := held(ns, "scratch", "worker-b", "s")
-		err := impostor.write(s, 1, "x", writeOpts{object: func(u *unstructured.Unstructured) {
+		Expect(impostor.write(s, 1, "x", writeOpts{object: func(u *unstructured.Unstructured) {
 			u.SetAnnotations(map[string]string{fence.AnnotationResource: "scratch"})
 			ann := u.GetAnnotations()
 			_, _ = fence.Stamp(ann, mustEnvelope(s, u))
 			u.SetAnnotations(ann)
-		}})
-		Expect(err).To(denied(fence.WrongResource))
-		// The holder cannot move the object to another entry either.
-		t.deniedWith(fence.WrongResource, func() error {
+		}})).To(Succeed())
+		Consistently(func() int64 { return getFR(ns, "scratch").Status.HighestObservedFence }, "500ms").Should(BeZero())
+		// The holder cannot move the object to another entry.
+		t.deniedWith(fence.ProtectionRemoved, func() error {
 			return t.write(a, 2, "v2", writeOpts{object: func(u *unstructured.Unstructured) {
 				ann := u.GetAnnotations()
 				ann[fence.AnnotationResource] = "scratch"

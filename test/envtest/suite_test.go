@@ -74,9 +74,12 @@ var _ = BeforeSuite(func() {
 	root, err := localcp.RepoRoot()
 	Expect(err).NotTo(HaveOccurred())
 	cp, err = localcp.Start(suiteCtx, localcp.Options{
-		Root:            root,
-		CRDDirs:         []string{filepath.Join(root, "test", "envtest", "testdata")},
-		ProtectedKinds:  []schema.GroupVersionResource{{Group: "billing.example.com", Version: "v1", Resource: "invoicebatches"}},
+		Root:    root,
+		CRDDirs: []string{filepath.Join(root, "test", "envtest", "testdata")},
+		ProtectedKinds: []schema.GroupVersionResource{
+			{Group: "billing.example.com", Version: "v1", Resource: "invoicebatches"},
+			{Group: "billing.example.com", Version: "v1", Resource: "invoiceshards"},
+		},
 		EnvtestWebhooks: true,
 	})
 	Expect(err).NotTo(HaveOccurred())

@@ -385,6 +385,13 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 	return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
 }
 
-func (a apiReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
-	return fmt.Errorf("the simulated API server serves no lists")
+// List serves the webhook's target index: the one FencedResource, whatever
+// the selector (the webhook checks every candidate's target with a Get).
+func (a apiReader) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
+	l, ok := list.(*locksv1.FencedResourceList)
+	if !ok {
+		return fmt.Errorf("the simulated API server lists only FencedResources")
+	}
+	l.Items = []locksv1.FencedResource{*a.r.fr.DeepCopy()}
+	return nil
 }
