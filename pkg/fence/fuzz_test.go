@@ -76,6 +76,11 @@ func FuzzParseEnvelope(f *testing.F) {
 	f.Add(strings.Replace(enc, `"operation":"op-lease-a"`, `"operation":"`+strings.Repeat("o", 9000)+`"`, 1))
 	f.Add(`{"grant":{},"proof":"","operation":"","segment":1,"payload":""}`)
 	f.Add(`null`)
+	f.Add(strings.Replace(enc, `"grant":`, `"Grant":`, 1))
+	f.Add(strings.Replace(enc, `"proof":`, `"segment":3,"proof":`, 1))
+	f.Add(strings.TrimSuffix(enc, "}") + `,"intent":"delete"}`)
+	f.Add(strings.TrimSuffix(enc, "}") + `,"intent":"DELETE"}`)
+	f.Add(strings.TrimSuffix(enc, "}") + `,"intent":""}`)
 	f.Fuzz(func(t *testing.T, s string) {
 		e, err := fence.ParseEnvelope(s)
 		if err != nil {
@@ -87,7 +92,8 @@ func FuzzParseEnvelope(f *testing.F) {
 			}
 			return
 		}
-		if len(s) > fence.MaxFenceAnnotationBytes || e.Segment < 1 || e.Proof == "" || e.Operation == "" || !grant.IsDigest(e.Payload) {
+		if len(s) > fence.MaxFenceAnnotationBytes || e.Segment < 1 || e.Proof == "" || e.Operation == "" || !grant.IsDigest(e.Payload) ||
+			(e.Intent != "" && e.Intent != fence.IntentDelete) {
 			t.Fatalf("ParseEnvelope accepted a malformed envelope: %+v", e)
 		}
 		if err := e.Grant.Validate(); err != nil {
@@ -123,6 +129,10 @@ func FuzzParseReceipts(f *testing.F) {
 	f.Add(`[{"fence":1,"segment":1,"operation":"o","payload":"p","receipt":"r","extra":0}]`)
 	f.Add(`[{"fence":1e400}]`)
 	f.Add(`{`)
+	f.Add(strings.Replace(fence.EncodeReceipts(log[:2]), `"fence":`, `"FENCE":`, 1))
+	f.Add(strings.Replace(fence.EncodeReceipts(log[:1]), `"segment":1`, `"segment":1,"segment":2`, 1))
+	f.Add(fence.EncodeReceipts(log[:1]) + `[]`)
+	f.Add(`[{"fence":1}]`)
 	f.Fuzz(func(t *testing.T, s string) {
 		rs, err := fence.ParseReceipts(s)
 		if err != nil {
@@ -130,6 +140,11 @@ func FuzzParseReceipts(f *testing.F) {
 		}
 		if len(rs) > fence.MaxReceipts {
 			t.Fatalf("ParseReceipts returned %d receipts", len(rs))
+		}
+		for _, r := range rs {
+			if r.Fence < 1 || r.Segment < 1 {
+				t.Fatalf("ParseReceipts accepted an entry without a positive fence and segment: %+v", r)
+			}
 		}
 		again, err := fence.ParseReceipts(fence.EncodeReceipts(rs))
 		if err != nil || len(again) != len(rs) || (len(rs) > 0 && !reflect.DeepEqual(again, rs)) {
