@@ -106,20 +106,8 @@ func parseEnvelope(s string) (Envelope, error) {
 	if e.Segment, err = positiveInt("segment", m["segment"]); err != nil {
 		return Envelope{}, err
 	}
-	if e.Operation, err = jsonString("operation", m["operation"]); err != nil {
+	if err := envelopeStrings(&e, m); err != nil {
 		return Envelope{}, err
-	}
-	if e.Operation == "" || len(e.Operation) > maxOperationLen {
-		return Envelope{}, fmt.Errorf("operation must be 1..%d bytes", maxOperationLen)
-	}
-	if e.Payload, err = jsonString("payload", m["payload"]); err != nil {
-		return Envelope{}, err
-	}
-	if !grant.IsDigest(e.Payload) {
-		return Envelope{}, fmt.Errorf("payload %q is not sha256:<64 hex digits>", e.Payload)
-	}
-	if e.Proof, err = jsonString("proof", m["proof"]); err != nil || e.Proof == "" {
-		return Envelope{}, fmt.Errorf("proof must be a non-empty string")
 	}
 	if raw, ok := m["intent"]; ok {
 		// Present means declared: "" or any other spelling is not a default.
@@ -128,6 +116,27 @@ func parseEnvelope(s string) (Envelope, error) {
 		}
 	}
 	return e, nil
+}
+
+// envelopeStrings decodes and checks operation, payload and proof.
+func envelopeStrings(e *Envelope, m map[string]json.RawMessage) error {
+	var err error
+	if e.Operation, err = jsonString("operation", m["operation"]); err != nil {
+		return err
+	}
+	if e.Operation == "" || len(e.Operation) > maxOperationLen {
+		return fmt.Errorf("operation must be 1..%d bytes", maxOperationLen)
+	}
+	if e.Payload, err = jsonString("payload", m["payload"]); err != nil {
+		return err
+	}
+	if !grant.IsDigest(e.Payload) {
+		return fmt.Errorf("payload %q is not sha256:<64 hex digits>", e.Payload)
+	}
+	if e.Proof, err = jsonString("proof", m["proof"]); err != nil || e.Proof == "" {
+		return fmt.Errorf("proof must be a non-empty string")
+	}
+	return nil
 }
 
 // ReceiptDigest is sha256 of "resourceID\nfence\noperationRoot\nsegment\noperation\npayload".

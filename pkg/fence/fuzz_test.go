@@ -180,6 +180,7 @@ const (
 	fzOtherHolder                // the registry's holder is another grant (fence+1)
 	fzNoHolder                   // nothing is held
 	fzExpired                    // the holder's lease ended
+	fzStoredIntent               // the stored last segment declares intent "delete"
 )
 
 // FuzzDecide: the acceptance function never panics and never changes its
@@ -214,7 +215,12 @@ func FuzzDecide(f *testing.F) {
 	add(3, 2, 3, 3, fzUnchanged)                // UNCHANGED
 	add(3, 2, 3, 3, fzDelete)                   // a deletion by the holder
 	add(3, 2, 3, 3, fzDelete|fzOtherUser)       // a deletion by someone else
-	add(3, 40, 3, 41, 0)                        // a long operation: the log is trimmed to 32
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent)    // a declared deletion by the holder
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzOtherUser)
+	add(3, 2, 4, 1, fzDelete|fzStoredIntent|fzOtherLease) // declared under an older grant
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzExpired)
+	add(3, 2, 3, 3, fzStoredIntent) // the next segment after an intent
+	add(3, 40, 3, 41, 0)            // a long operation: the log is trimmed to 32
 	f.Add(int64(3), int64(2), int64(3), int64(3), uint32(fzRawAnnotation), `{"grant":{}}`)
 	f.Add(int64(3), int64(2), int64(3), int64(3), uint32(fzRawAnnotation), "")
 	f.Fuzz(func(t *testing.T, storedFence, storedSeg, fenceToken, segment int64, flags uint32, raw string) {
@@ -233,6 +239,9 @@ func FuzzDecide(f *testing.F) {
 					Receipt: fence.ReceiptDigest(fuzzResource, storedFence, stored.OperationRoot, s, op, payload)})
 			}
 			last := fuzzEnvelope(fuzzSigner, stored, storedSeg, fuzzPayload(fmt.Sprint(storedSeg)))
+			if flags&fzStoredIntent != 0 {
+				last.Intent = fence.IntentDelete
+			}
 			ann[fence.AnnotationFence], ann[fence.AnnotationReceipts] = last.Encode(), fence.EncodeReceipts(log)
 		}
 		st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
@@ -323,6 +332,9 @@ func FuzzDecide(f *testing.F) {
 			}
 			if d.Verdict == fence.Accepted && (reg.Holder == nil || a.User != reg.Holder.Owner || reg.Holder.Fence < st.HighestFence || !fuzzNow.Before(reg.Holder.ExpiresAt)) {
 				t.Fatalf("a deletion was accepted from %s without the current holder's grant", a.User)
+			}
+			if d.Verdict == fence.Accepted && (!st.DeleteIntent || st.GrantDigest != reg.Holder.Digest || stored.PolicyGeneration != reg.Generation) {
+				t.Fatalf("a deletion was accepted that the current grant did not declare: %+v", st)
 			}
 			return
 		}
