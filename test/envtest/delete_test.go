@@ -57,7 +57,9 @@ var _ = Describe("DELETE of a protected object", func() {
 		a := held(ns, "batch", "worker-a", "a")
 		Expect(t.write(a, 1, "v1")).To(Succeed())
 		Expect(t.write(a, 2, "v1", declareDelete)).To(Succeed())
-		Expect(mustEnvelope(a, t.get()).Intent).To(Equal(fence.IntentDelete))
+		stored, err := fence.ParseEnvelope(t.get().GetAnnotations()[fence.AnnotationFence])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(stored.Intent).To(Equal(fence.IntentDelete), "the stored segment declares the delete")
 
 		// The lock is handed on: the same identity under a new grant (fence 2),
 		// then another worker (fence 3). Neither may use fence 1's intent.
