@@ -42,6 +42,7 @@ var nextStep = map[fence.Verdict]string{
 	fence.WrongOwner:         "the grant belongs to another user; write as its owner.",
 	fence.RevokedEpoch:       "the issuer epoch of this grant was revoked. Acquire again.",
 	fence.ReceiptLogMismatch: "the receipt log was edited by hand; write through kubectl fence or the client library.",
+	fence.DeleteNotDeclared:  "a delete needs the current grant's own delete intent as the object's last segment (kubectl fence delete commits it first); a delete under an ended grant, or by another user, is refused.",
 }
 
 func (o *options) writeCmd() *cobra.Command {

@@ -36,6 +36,14 @@ const (
 	// ReceiptLogMismatch: the write's receipt log is not the stored log plus
 	// this segment. DESIGN.md requires the check but names no code for it.
 	ReceiptLogMismatch Verdict = "RECEIPT_LOG_MISMATCH"
+	// DeleteNotDeclared: a DELETE that the object's last accepted segment did
+	// not declare (intent "delete") under the registry's current grant, or
+	// that does not come from that grant's owner.
+	DeleteNotDeclared Verdict = "DELETE_NOT_DECLARED"
+	// ProtectionRemoved: a write that removes the protection label or the
+	// fencekeeper.dev/resource annotation of a target while its entry is in
+	// Enforce (decided by the webhook, which knows the registry's targets).
+	ProtectionRemoved Verdict = "PROTECTION_REMOVED"
 )
 
 // Allowed reports whether the verdict lets the write through (in Enforce mode).
@@ -65,6 +73,9 @@ type State struct {
 	// belongs to exactly one grant, so another grant with the same fence means
 	// the registry issued it twice.
 	GrantDigest string
+	// DeleteIntent: the last accepted segment declares intent "delete"
+	// (derived from Accepted, for display; Decide reads Accepted itself).
+	DeleteIntent bool
 }
 
 // StateOf derives the stored state from an object's fence and receipts annotations.
@@ -81,7 +92,7 @@ func StateOf(fenceAnnotation, receiptsAnnotation string) (State, error) {
 		return State{}, fmt.Errorf("stored fence annotation: %w", err)
 	}
 	return State{HighestFence: e.Grant.FenceToken, Root: e.Grant.OperationRoot, LastSegment: e.Segment,
-		Receipts: rs, Accepted: fenceAnnotation, GrantDigest: e.Grant.Digest()}, nil
+		Receipts: rs, Accepted: fenceAnnotation, GrantDigest: e.Grant.Digest(), DeleteIntent: e.Intent == IntentDelete}, nil
 }
 
 // Holder is the registry's current holder, as a linearizable read returned it.
@@ -206,7 +217,7 @@ func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decisi
 		r := Receipt{Fence: f, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
 			Receipt: ReceiptDigest(reg.ResourceID, f, g.OperationRoot, e.Segment, e.Operation, e.Payload)}
 		next := State{HighestFence: f, Root: g.OperationRoot, LastSegment: e.Segment,
-			Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence, GrantDigest: g.Digest()}
+			Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence, GrantDigest: g.Digest(), DeleteIntent: e.Intent == IntentDelete}
 		return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: fence %d segment %d, receipt %s", f, e.Segment, r.Receipt),
 			Receipt: r.Receipt, State: next, Envelope: &e}
 	case e.Segment > st.LastSegment+1:
@@ -243,19 +254,53 @@ func isCurrent(g grant.Grant, reg Registry) (bool, Verdict, string) {
 	return true, "", ""
 }
 
+// decideDelete allows a DELETE only from the owner of the registry's current
+// grant, after that same grant committed a segment declaring the delete as
+// the object's last accepted one. A process sharing the holder's identity
+// can therefore not delete on its own, nor on the strength of an intent an
+// earlier grant declared.
 func decideDelete(st State, a Attempt, reg Registry, deny func(Verdict, string, ...any) Decision) Decision {
 	h := reg.Holder
 	switch {
 	case !reg.Found:
 		return deny(WrongResource, "%s", reg.missing())
-	case h == nil || !reg.Now.Before(h.ExpiresAt):
-		return deny(NotHeld, "deleting a protected object needs the currently held grant; the registry shows none")
+	case h == nil:
+		return deny(DeleteNotDeclared, "deleting a protected object needs the currently held grant; the registry shows none")
 	case a.User != h.Owner:
-		return deny(WrongOwner, "only the holder %q may delete this object, the request comes from %q", h.Owner, a.User)
+		return deny(DeleteNotDeclared, "only the owner %q of the current grant (fence %d) may delete this object, the request comes from %q", h.Owner, h.Fence, a.User)
+	case !reg.Now.Before(h.ExpiresAt):
+		return deny(DeleteNotDeclared, "the grant with fence %d expired at %s; deleting needs the currently held grant", h.Fence, h.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	case h.Fence < st.HighestFence:
 		return deny(FenceRegression, "the holder's fence %d is below fence %d the object already accepted: the registry went backwards; raise spec.fenceFloor above %d", h.Fence, st.HighestFence, st.HighestFence)
 	}
-	return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: deletion by the holder of fence %d", h.Fence), State: st}
+	if why := undeclared(st, reg); why != "" {
+		return deny(DeleteNotDeclared, "%s; commit a fenced segment with intent %q under the current grant, then delete", why, IntentDelete)
+	}
+	return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: deletion declared by fence %d segment %d", h.Fence, st.LastSegment), State: st}
+}
+
+// undeclared says why the stored state does not declare a delete under the
+// registry's current grant ("" when it does).
+func undeclared(st State, reg Registry) string {
+	if st.Accepted == "" {
+		return "the object carries no accepted fenced segment"
+	}
+	e, err := ParseEnvelope(st.Accepted)
+	if err != nil {
+		return fmt.Sprintf("the object's last accepted segment is unreadable: %v", err)
+	}
+	g := e.Grant
+	switch {
+	case reg.Holder.Digest == "" || g.Digest() != reg.Holder.Digest:
+		return fmt.Sprintf("the object's last accepted segment was written under fence %d (lease %s), not under the current grant (fence %d, lease %s)",
+			g.FenceToken, g.Lease, reg.Holder.Fence, reg.Holder.Lease)
+	case e.Intent != IntentDelete:
+		return fmt.Sprintf("the object's last accepted segment (fence %d segment %d) does not declare a delete", g.FenceToken, e.Segment)
+	}
+	if current, _, why := isCurrent(g, reg); !current {
+		return why
+	}
+	return ""
 }
 
 func (r Registry) missing() string {

@@ -142,9 +142,7 @@ func TestDecideVerdicts(t *testing.T) {
 		{"equal fence, skipped segment", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 4, payload("a4")), Payload: payload("a4")}, held(a), nil, SegmentOutOfOrder},
 		{"duplicate segment, same payload", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 1, payload("a1")), Payload: payload("a1")}, held(a), nil, AlreadyApplied},
 		{"duplicate segment, other payload", st, Attempt{User: "worker-a", Changed: true, Fence: w.envelope(a, 2, payload("evil")), Payload: payload("evil")}, held(a), nil, Quarantined},
-		{"delete by holder", st, Attempt{User: "worker-a", Delete: true}, held(a), nil, Accepted},
-		{"delete by other", st, Attempt{User: "worker-b", Delete: true}, held(a), nil, WrongOwner},
-		{"delete without holder", st, Attempt{User: "worker-a", Delete: true}, expired, nil, NotHeld},
+		{"undeclared delete by holder", st, Attempt{User: "worker-a", Delete: true}, held(a), nil, DeleteNotDeclared},
 		{"delete by regressed holder", st, Attempt{User: "worker-c", Delete: true}, held(regressed), nil, FenceRegression},
 	}
 	seen := map[Verdict]bool{}
@@ -172,7 +170,7 @@ func TestDecideVerdicts(t *testing.T) {
 		})
 	}
 	for _, v := range []Verdict{Accepted, Unchanged, FenceRequired, BadGrant, ForgedGrant, WrongResource, WrongOwner, RevokedEpoch,
-		PayloadMismatch, FenceRegression, StaleOwner, RootMismatch, NotHeld, PolicyStale, SegmentOutOfOrder, AlreadyApplied, Quarantined} {
+		PayloadMismatch, FenceRegression, StaleOwner, RootMismatch, NotHeld, PolicyStale, SegmentOutOfOrder, AlreadyApplied, Quarantined, DeleteNotDeclared} {
 		if !seen[v] {
 			t.Errorf("no case reaches %s", v)
 		}
@@ -304,5 +302,106 @@ func TestStampProducesWhatDecideAccepts(t *testing.T) {
 			t.Fatalf("segment %d: %s", seg, d.Message)
 		}
 		st = d.State
+	}
+}
+
+// declare is an accepted write of g's segment that declares the delete.
+func (w *world) declare(st State, g grant.Grant, segment int64, v string) State {
+	w.t.Helper()
+	_, proof, _ := w.signer.Sign(g)
+	env := (&Envelope{Grant: g, Proof: proof, Operation: "op-" + g.Owner, Segment: segment, Payload: payload(v), Intent: IntentDelete}).Encode()
+	d := Decide(st, Attempt{User: g.Owner, Changed: true, Fence: env, Payload: payload(v)}, held(g), w.bundle)
+	if d.Verdict != Accepted || !d.State.DeleteIntent {
+		w.t.Fatalf("setup intent fence %d segment %d: %s", g.FenceToken, segment, d.Message)
+	}
+	return d.State
+}
+
+func TestDecideDelete(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 5, rootOf('a'))
+	plain := w.write(w.write(State{}, a, 1, "a1"), a, 2, "a2")
+	declared := w.declare(plain, a, 3, "a2") // same content, intent delete
+
+	// worker-a takes the lock again under a new grant (fence 6): the intent
+	// its earlier grant declared does not carry over.
+	a2 := w.grant("worker-a", 6, rootOf('a'))
+	a2.RequestID, a2.Lease = "req-a-again", "lease-a-again"
+	b := w.grant("worker-b", 6, rootOf('b'))
+	expired := held(a)
+	expired.Now = now.Add(time.Minute)
+	policyMoved := held(a)
+	policyMoved.Generation = 2
+	noDigest := held(a)
+	noDigest.Holder.Digest = ""
+	regressed := held(w.grant("worker-a", 4, rootOf('c')))
+	// A planted state (the webhook only passes verified ones, but Decide does
+	// not rely on it): the intent envelope cannot be read.
+	unreadable := declared
+	unreadable.Accepted = `{"grant":{}}`
+	// After a write that drops the intent, the delete is undeclared again.
+	undone := w.write(declared, a, 4, "a4")
+	// The registry remembers a higher fence than the object shows.
+	floorOnly := State{HighestFence: 5}
+
+	cases := []struct {
+		name string
+		st   State
+		user string
+		reg  Registry
+		want Verdict
+	}{
+		{"intent declared by the current grant, deleted by its owner", declared, "worker-a", held(a), Accepted},
+		{"a stale process sharing the holder's identity, no intent", plain, "worker-a", held(a), DeleteNotDeclared},
+		{"intent declared, but another user deletes", declared, "worker-b", held(a), DeleteNotDeclared},
+		{"intent declared, holder expired", declared, "worker-a", expired, DeleteNotDeclared},
+		{"intent declared, nothing held", declared, "worker-a", Registry{Found: true, ResourceID: resourceID, Generation: 1, Now: now}, DeleteNotDeclared},
+		{"intent declared under an older grant, same identity holds a new one", declared, "worker-a", held(a2), DeleteNotDeclared},
+		{"intent declared under an older grant, another holder now", declared, "worker-b", held(b), DeleteNotDeclared},
+		{"intent declared, policy changed since the grant", declared, "worker-a", policyMoved, DeleteNotDeclared},
+		{"intent declared, registry shows no digest", declared, "worker-a", noDigest, DeleteNotDeclared},
+		{"intent undone by a later segment", undone, "worker-a", held(a), DeleteNotDeclared},
+		{"unreadable stored segment", unreadable, "worker-a", held(a), DeleteNotDeclared},
+		{"no stored segment at all", floorOnly, "worker-a", held(a), DeleteNotDeclared},
+		{"nothing ever written", State{}, "worker-a", held(a), DeleteNotDeclared},
+		{"no registry entry", declared, "worker-a", Registry{Now: now}, WrongResource},
+		{"the holder's fence is below the object's", declared, "worker-a", regressed, FenceRegression},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := cloneState(c.st)
+			d := Decide(c.st, Attempt{User: c.user, Delete: true}, c.reg, w.bundle)
+			if d.Verdict != c.want {
+				t.Fatalf("verdict %s, want %s (%s)", d.Verdict, c.want, d.Message)
+			}
+			if !strings.HasPrefix(d.Message, string(c.want)+": ") {
+				t.Fatalf("message %q does not start with the verdict", d.Message)
+			}
+			if !reflect.DeepEqual(d.State, before) || !reflect.DeepEqual(c.st, before) {
+				t.Fatal("a delete decision changed the state")
+			}
+		})
+	}
+	if DeleteNotDeclared.Authentication() || ProtectionRemoved.Authentication() || DeleteNotDeclared.Allowed() {
+		t.Fatal("DELETE_NOT_DECLARED and PROTECTION_REMOVED are neither authentication failures nor allowed")
+	}
+}
+
+func TestIntentSegmentIsOrdinary(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 5, rootOf('a'))
+	st := w.declare(w.write(State{}, a, 1, "a1"), a, 2, "a1")
+	// Its receipt uses the unchanged formula; it round-trips through StateOf.
+	if got := st.Receipts[1].Receipt; got != ReceiptDigest(resourceID, 5, a.OperationRoot, 2, "op-worker-a", payload("a1")) {
+		t.Fatalf("receipt %s", got)
+	}
+	back, err := StateOf(st.Accepted, EncodeReceipts(st.Receipts))
+	if err != nil || !reflect.DeepEqual(back, st) || !back.DeleteIntent {
+		t.Fatalf("StateOf: %v %+v", err, back)
+	}
+	// The next segment continues as usual, and clears the intent.
+	next := w.write(st, a, 3, "a3")
+	if next.DeleteIntent || next.LastSegment != 3 {
+		t.Fatalf("after the intent: %+v", next)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
@@ -38,6 +37,10 @@ const MaxReceipts = 32
 // maxOperationLen bounds the operation ID.
 const maxOperationLen = 253
 
+// IntentDelete is the only valid Envelope.Intent: the segment declares that
+// the holder is about to delete the object (DESIGN.md, "DELETE of a protected object").
+const IntentDelete = "delete"
+
 // Envelope is the fencekeeper.dev/fence annotation: a signed grant plus the
 // segment of the operation it authorizes and the digest of the new content.
 type Envelope struct {
@@ -46,6 +49,10 @@ type Envelope struct {
 	Operation string      `json:"operation"`
 	Segment   int64       `json:"segment"`
 	Payload   string      `json:"payload"`
+	// Intent is "" or IntentDelete. For a CREATE or UPDATE the segment is an
+	// ordinary one; as the object's last accepted segment it lets the holder
+	// of the same grant delete the object.
+	Intent string `json:"intent,omitempty"`
 }
 
 // Receipt records one accepted segment.
@@ -63,46 +70,73 @@ var ErrBadEnvelope = errors.New("bad fence annotation")
 // Encode renders the envelope as compact JSON.
 func (e *Envelope) Encode() string { return string(compact(e)) }
 
-// ParseEnvelope decodes a fence annotation strictly. Everything wrong with it,
-// including the grant's own shape, is reported as ErrBadEnvelope.
+// ParseEnvelope decodes a fence annotation strictly: exactly the members of
+// Envelope (case-sensitive, each once, intent optional), nothing after it.
+// Everything wrong with it, including the grant's own shape, is reported as
+// ErrBadEnvelope.
 func ParseEnvelope(s string) (Envelope, error) {
-	var e Envelope
 	if len(s) > MaxFenceAnnotationBytes {
-		return e, fmt.Errorf("%w: %d bytes, limit %d", ErrBadEnvelope, len(s), MaxFenceAnnotationBytes)
+		return Envelope{}, fmt.Errorf("%w: %d bytes, limit %d", ErrBadEnvelope, len(s), MaxFenceAnnotationBytes)
 	}
-	var raw struct {
-		Grant     json.RawMessage `json:"grant"`
-		Proof     string          `json:"proof"`
-		Operation string          `json:"operation"`
-		Segment   json.RawMessage `json:"segment"`
-		Payload   string          `json:"payload"`
-	}
-	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
-		return e, fmt.Errorf("%w: %v", ErrBadEnvelope, err)
-	}
-	if dec.More() {
-		return e, fmt.Errorf("%w: trailing data", ErrBadEnvelope)
-	}
-	g, err := grant.Decode(raw.Grant)
+	e, err := parseEnvelope(s)
 	if err != nil {
-		return e, fmt.Errorf("%w: grant: %v", ErrBadEnvelope, err)
+		return Envelope{}, fmt.Errorf("%w: %v", ErrBadEnvelope, err)
 	}
-	seg, err := strconv.ParseInt(string(raw.Segment), 10, 64) // a bare integer literal only
-	if err != nil || seg < 1 {
-		return e, fmt.Errorf("%w: segment %q is not a positive int64", ErrBadEnvelope, raw.Segment)
+	return e, nil
+}
+
+var (
+	envelopeRequired = []string{"grant", "proof", "operation", "segment", "payload"}
+	envelopeOptional = []string{"intent"}
+)
+
+func parseEnvelope(s string) (Envelope, error) {
+	dec := newDecoder(s)
+	m, err := members(dec, envelopeRequired, envelopeOptional)
+	if err != nil {
+		return Envelope{}, err
 	}
-	if raw.Operation == "" || len(raw.Operation) > maxOperationLen {
-		return e, fmt.Errorf("%w: operation must be 1..%d bytes", ErrBadEnvelope, maxOperationLen)
+	if err := expectEnd(dec); err != nil {
+		return Envelope{}, err
 	}
-	if !grant.IsDigest(raw.Payload) {
-		return e, fmt.Errorf("%w: payload %q is not sha256:<64 hex digits>", ErrBadEnvelope, raw.Payload)
+	var e Envelope
+	if e.Grant, err = grant.Decode(m["grant"]); err != nil {
+		return Envelope{}, fmt.Errorf("grant: %v", err)
 	}
-	if raw.Proof == "" {
-		return e, fmt.Errorf("%w: proof is empty", ErrBadEnvelope)
+	if e.Segment, err = positiveInt("segment", m["segment"]); err != nil {
+		return Envelope{}, err
 	}
-	return Envelope{Grant: g, Proof: raw.Proof, Operation: raw.Operation, Segment: seg, Payload: raw.Payload}, nil
+	if err := envelopeStrings(&e, m); err != nil {
+		return Envelope{}, err
+	}
+	if raw, ok := m["intent"]; ok {
+		// Present means declared: "" or any other spelling is not a default.
+		if e.Intent, err = jsonString("intent", raw); err != nil || e.Intent != IntentDelete {
+			return Envelope{}, fmt.Errorf("intent must be %q when present, got %s", IntentDelete, raw)
+		}
+	}
+	return e, nil
+}
+
+// envelopeStrings decodes and checks operation, payload and proof.
+func envelopeStrings(e *Envelope, m map[string]json.RawMessage) error {
+	var err error
+	if e.Operation, err = jsonString("operation", m["operation"]); err != nil {
+		return err
+	}
+	if e.Operation == "" || len(e.Operation) > maxOperationLen {
+		return fmt.Errorf("operation must be 1..%d bytes", maxOperationLen)
+	}
+	if e.Payload, err = jsonString("payload", m["payload"]); err != nil {
+		return err
+	}
+	if !grant.IsDigest(e.Payload) {
+		return fmt.Errorf("payload %q is not sha256:<64 hex digits>", e.Payload)
+	}
+	if e.Proof, err = jsonString("proof", m["proof"]); err != nil || e.Proof == "" {
+		return fmt.Errorf("proof must be a non-empty string")
+	}
+	return nil
 }
 
 // ReceiptDigest is sha256 of "resourceID\nfence\noperationRoot\nsegment\noperation\npayload".
@@ -119,21 +153,66 @@ func EncodeReceipts(rs []Receipt) string {
 	return string(compact(rs))
 }
 
-// ParseReceipts decodes a receipt log ("" is the empty log).
+// ParseReceipts decodes a receipt log ("" is the empty log) strictly: a JSON
+// array of at most MaxReceipts entries, each with exactly the members of
+// Receipt (case-sensitive, each once), nothing after it.
 func ParseReceipts(s string) ([]Receipt, error) {
 	if s == "" {
 		return nil, nil
 	}
-	var rs []Receipt
-	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&rs); err != nil {
+	rs, err := parseReceipts(s)
+	if err != nil {
 		return nil, fmt.Errorf("receipt log: %v", err)
 	}
-	if len(rs) > MaxReceipts {
-		return nil, fmt.Errorf("receipt log has %d entries, limit %d", len(rs), MaxReceipts)
-	}
 	return rs, nil
+}
+
+var receiptMembers = []string{"fence", "segment", "operation", "payload", "receipt"}
+
+func parseReceipts(s string) ([]Receipt, error) {
+	dec := newDecoder(s)
+	if err := expectDelim(dec, '['); err != nil {
+		return nil, err
+	}
+	var rs []Receipt
+	for dec.More() {
+		if len(rs) == MaxReceipts {
+			return nil, fmt.Errorf("more than %d entries", MaxReceipts)
+		}
+		m, err := members(dec, receiptMembers, nil)
+		if err != nil {
+			return nil, fmt.Errorf("entry %d: %v", len(rs), err)
+		}
+		r, err := receiptOf(m)
+		if err != nil {
+			return nil, fmt.Errorf("entry %d: %v", len(rs), err)
+		}
+		rs = append(rs, r)
+	}
+	if err := expectDelim(dec, ']'); err != nil {
+		return nil, err
+	}
+	return rs, expectEnd(dec)
+}
+
+func receiptOf(m map[string]json.RawMessage) (Receipt, error) {
+	var r Receipt
+	var err error
+	if r.Fence, err = positiveInt("fence", m["fence"]); err != nil {
+		return r, err
+	}
+	if r.Segment, err = positiveInt("segment", m["segment"]); err != nil {
+		return r, err
+	}
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{{"operation", &r.Operation}, {"payload", &r.Payload}, {"receipt", &r.Receipt}} {
+		if *f.dst, err = jsonString(f.name, m[f.name]); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
 }
 
 // AppendReceipt returns log plus r, trimmed to the newest MaxReceipts.

@@ -76,6 +76,11 @@ func FuzzParseEnvelope(f *testing.F) {
 	f.Add(strings.Replace(enc, `"operation":"op-lease-a"`, `"operation":"`+strings.Repeat("o", 9000)+`"`, 1))
 	f.Add(`{"grant":{},"proof":"","operation":"","segment":1,"payload":""}`)
 	f.Add(`null`)
+	f.Add(strings.Replace(enc, `"grant":`, `"Grant":`, 1))
+	f.Add(strings.Replace(enc, `"proof":`, `"segment":3,"proof":`, 1))
+	f.Add(strings.TrimSuffix(enc, "}") + `,"intent":"delete"}`)
+	f.Add(strings.TrimSuffix(enc, "}") + `,"intent":"DELETE"}`)
+	f.Add(strings.TrimSuffix(enc, "}") + `,"intent":""}`)
 	f.Fuzz(func(t *testing.T, s string) {
 		e, err := fence.ParseEnvelope(s)
 		if err != nil {
@@ -87,7 +92,8 @@ func FuzzParseEnvelope(f *testing.F) {
 			}
 			return
 		}
-		if len(s) > fence.MaxFenceAnnotationBytes || e.Segment < 1 || e.Proof == "" || e.Operation == "" || !grant.IsDigest(e.Payload) {
+		if len(s) > fence.MaxFenceAnnotationBytes || e.Segment < 1 || e.Proof == "" || e.Operation == "" || !grant.IsDigest(e.Payload) ||
+			(e.Intent != "" && e.Intent != fence.IntentDelete) {
 			t.Fatalf("ParseEnvelope accepted a malformed envelope: %+v", e)
 		}
 		if err := e.Grant.Validate(); err != nil {
@@ -123,6 +129,10 @@ func FuzzParseReceipts(f *testing.F) {
 	f.Add(`[{"fence":1,"segment":1,"operation":"o","payload":"p","receipt":"r","extra":0}]`)
 	f.Add(`[{"fence":1e400}]`)
 	f.Add(`{`)
+	f.Add(strings.Replace(fence.EncodeReceipts(log[:2]), `"fence":`, `"FENCE":`, 1))
+	f.Add(strings.Replace(fence.EncodeReceipts(log[:1]), `"segment":1`, `"segment":1,"segment":2`, 1))
+	f.Add(fence.EncodeReceipts(log[:1]) + `[]`)
+	f.Add(`[{"fence":1}]`)
 	f.Fuzz(func(t *testing.T, s string) {
 		rs, err := fence.ParseReceipts(s)
 		if err != nil {
@@ -130,6 +140,11 @@ func FuzzParseReceipts(f *testing.F) {
 		}
 		if len(rs) > fence.MaxReceipts {
 			t.Fatalf("ParseReceipts returned %d receipts", len(rs))
+		}
+		for _, r := range rs {
+			if r.Fence < 1 || r.Segment < 1 {
+				t.Fatalf("ParseReceipts accepted an entry without a positive fence and segment: %+v", r)
+			}
 		}
 		again, err := fence.ParseReceipts(fence.EncodeReceipts(rs))
 		if err != nil || len(again) != len(rs) || (len(rs) > 0 && !reflect.DeepEqual(again, rs)) {
@@ -165,6 +180,7 @@ const (
 	fzOtherHolder                // the registry's holder is another grant (fence+1)
 	fzNoHolder                   // nothing is held
 	fzExpired                    // the holder's lease ended
+	fzStoredIntent               // the stored last segment declares intent "delete"
 )
 
 // FuzzDecide: the acceptance function never panics and never changes its
@@ -199,7 +215,12 @@ func FuzzDecide(f *testing.F) {
 	add(3, 2, 3, 3, fzUnchanged)                // UNCHANGED
 	add(3, 2, 3, 3, fzDelete)                   // a deletion by the holder
 	add(3, 2, 3, 3, fzDelete|fzOtherUser)       // a deletion by someone else
-	add(3, 40, 3, 41, 0)                        // a long operation: the log is trimmed to 32
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent)    // a declared deletion by the holder
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzOtherUser)
+	add(3, 2, 4, 1, fzDelete|fzStoredIntent|fzOtherLease) // declared under an older grant
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzExpired)
+	add(3, 2, 3, 3, fzStoredIntent) // the next segment after an intent
+	add(3, 40, 3, 41, 0)            // a long operation: the log is trimmed to 32
 	f.Add(int64(3), int64(2), int64(3), int64(3), uint32(fzRawAnnotation), `{"grant":{}}`)
 	f.Add(int64(3), int64(2), int64(3), int64(3), uint32(fzRawAnnotation), "")
 	f.Fuzz(func(t *testing.T, storedFence, storedSeg, fenceToken, segment int64, flags uint32, raw string) {
@@ -218,6 +239,9 @@ func FuzzDecide(f *testing.F) {
 					Receipt: fence.ReceiptDigest(fuzzResource, storedFence, stored.OperationRoot, s, op, payload)})
 			}
 			last := fuzzEnvelope(fuzzSigner, stored, storedSeg, fuzzPayload(fmt.Sprint(storedSeg)))
+			if flags&fzStoredIntent != 0 {
+				last.Intent = fence.IntentDelete
+			}
 			ann[fence.AnnotationFence], ann[fence.AnnotationReceipts] = last.Encode(), fence.EncodeReceipts(log)
 		}
 		st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
@@ -308,6 +332,9 @@ func FuzzDecide(f *testing.F) {
 			}
 			if d.Verdict == fence.Accepted && (reg.Holder == nil || a.User != reg.Holder.Owner || reg.Holder.Fence < st.HighestFence || !fuzzNow.Before(reg.Holder.ExpiresAt)) {
 				t.Fatalf("a deletion was accepted from %s without the current holder's grant", a.User)
+			}
+			if d.Verdict == fence.Accepted && (!st.DeleteIntent || st.GrantDigest != reg.Holder.Digest || stored.PolicyGeneration != reg.Generation) {
+				t.Fatalf("a deletion was accepted that the current grant did not declare: %+v", st)
 			}
 			return
 		}

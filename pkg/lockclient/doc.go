@@ -23,4 +23,11 @@
 // by operation and segment: applied (reuse the receipt), proven absent (retry
 // under the current fence), or undeterminable (ErrMutationUnknown; the
 // operator surfaces it as ReconciliationRequired).
+//
+// Deleting a protected object is a fenced step too (Operation.Delete): the
+// webhook lets the owner of the current grant delete only after that grant
+// committed a segment declaring intent "delete" as the object's last one, so
+// a stale process sharing the holder's identity cannot delete on its own.
+// Delete commits that segment and deletes with the resourceVersion it wrote
+// as precondition; a change in between is ErrChangedSinceIntent.
 package lockclient

@@ -45,6 +45,8 @@ var (
 	ErrSegmentOutOfOrder  = errors.New("lockclient: " + string(fence.SegmentOutOfOrder))
 	ErrQuarantined        = errors.New("lockclient: " + string(fence.Quarantined))
 	ErrReceiptLogMismatch = errors.New("lockclient: " + string(fence.ReceiptLogMismatch))
+	ErrDeleteNotDeclared  = errors.New("lockclient: " + string(fence.DeleteNotDeclared))
+	ErrProtectionRemoved  = errors.New("lockclient: " + string(fence.ProtectionRemoved))
 )
 
 var verdictErrors = map[fence.Verdict]error{
@@ -53,6 +55,7 @@ var verdictErrors = map[fence.Verdict]error{
 	fence.PayloadMismatch: ErrPayloadMismatch, fence.FenceRegression: ErrFenceRegression, fence.StaleOwner: ErrStaleOwner,
 	fence.RootMismatch: ErrRootMismatch, fence.NotHeld: ErrNotHeld, fence.PolicyStale: ErrPolicyStale,
 	fence.SegmentOutOfOrder: ErrSegmentOutOfOrder, fence.Quarantined: ErrQuarantined, fence.ReceiptLogMismatch: ErrReceiptLogMismatch,
+	fence.DeleteNotDeclared: ErrDeleteNotDeclared, fence.ProtectionRemoved: ErrProtectionRemoved,
 }
 
 // DenialError is a write the acceptance webhook refused.

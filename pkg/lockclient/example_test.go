@@ -99,6 +99,31 @@ func ExampleClient_Attach() {
 	// fence 1 resumed at segment 2
 }
 
+// ExampleOperation_Delete retires a protected object: the holder declares the
+// delete in a fenced segment of its operation, then deletes the object as
+// that segment wrote it.
+func ExampleOperation_Delete() {
+	ctx := context.Background()
+	c, _ := lockclient.NewForConfig(ctx, cfg, "billing")
+	lock, err := c.Acquire(ctx, "retired", lockclient.AcquireOptions{RequestID: "retire-1"})
+	if err != nil {
+		panic(err)
+	}
+	defer lock.Close()
+	op := lock.Operation("retire-2026-07-19")
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "retired"}}
+	if _, err := op.Commit(ctx, cm, func() error { cm.Data = map[string]string{"state": "done"}; return nil }); err != nil {
+		panic(err)
+	}
+	intent, err := op.Delete(ctx, cm)
+	if err != nil {
+		panic(err) // errors.Is(err, lockclient.ErrChangedSinceIntent), ErrDeleteNotDeclared, ErrStaleOwner, …
+	}
+	fmt.Printf("delete declared in segment %d under fence %d; object deleted\n", intent.Segment, intent.Fence)
+	// Output:
+	// delete declared in segment 2 under fence 1; object deleted
+}
+
 // ExampleLock_Guard shows the guard after the issuer expired a lease that was
 // not renewed: the lock is EXPIRED, Done is closed, and no new effect may start.
 func ExampleLock_Guard() {
@@ -153,7 +178,7 @@ func setUpExamples(ctx context.Context, cp *localcp.ControlPlane) error {
 	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "billing"}}); err != nil {
 		return err
 	}
-	for name, lease := range map[string]int32{"invoice-batch": 30, "report": 30, "short-lease": 1} {
+	for name, lease := range map[string]int32{"invoice-batch": 30, "report": 30, "short-lease": 1, "retired": 30} {
 		fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: name}, Spec: locksv1.FencedResourceSpec{
 			ResourceID: "billing/" + name, LeaseDurationSeconds: lease, Enforcement: locksv1.EnforcementEnforce,
 			Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: name},

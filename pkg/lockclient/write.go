@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -39,81 +40,129 @@ func (op *Operation) ID() string { return op.id }
 // no answer is resolved from the receipt log; if that cannot tell, the result
 // is ErrMutationUnknown. Denials are *DenialError (errors.Is ErrStaleOwner, …).
 func (op *Operation) Commit(ctx context.Context, obj client.Object, mutate func() error) (fence.Receipt, error) {
-	l := op.lock
+	c, err := op.commit(ctx, obj, mutate, "")
+	return c.receipt, err
+}
+
+// committed is the outcome of one fenced segment.
+type committed struct {
+	receipt fence.Receipt
+	// envelope is the fence annotation the segment carried.
+	envelope string
+	// inObj: obj is the API server's answer to the write itself (so its
+	// resourceVersion is the object as this segment wrote it); otherwise the
+	// segment was found applied by reading the object again.
+	inObj bool
+}
+
+func (op *Operation) commit(ctx context.Context, obj client.Object, mutate func() error, intent string) (committed, error) {
 	for attempt := 0; attempt < 8; attempt++ {
-		if err := l.Guard(); err != nil {
-			return fence.Receipt{}, err
+		if err := op.lock.Guard(); err != nil {
+			return committed{}, err
 		}
-		g, proof := l.Grant()
-		exists, err := op.read(ctx, obj)
+		p, err := op.prepare(ctx, obj, mutate, intent)
 		if err != nil {
-			return fence.Receipt{}, err
+			return committed{}, err
 		}
-		ann := obj.GetAnnotations()
-		if ann == nil {
-			ann = map[string]string{}
-		}
-		st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-		if err != nil {
-			return fence.Receipt{}, fmt.Errorf("stored fence state of %s: %w", obj.GetName(), err)
-		}
-		segment := int64(1)
-		if st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
-			segment = st.LastSegment + 1
-		}
-		if err := mutate(); err != nil {
-			return fence.Receipt{}, err
-		}
-		labels := obj.GetLabels()
-		if labels == nil {
-			labels = map[string]string{}
-		}
-		labels[fence.LabelProtected] = "true"
-		obj.SetLabels(labels)
-		ann[fence.AnnotationResource] = l.resource
-		payload, err := payloadOf(obj)
-		if err != nil {
-			return fence.Receipt{}, err
-		}
-		receipt, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: op.id, Segment: segment, Payload: payload})
-		if err != nil {
-			return fence.Receipt{}, err
-		}
-		obj.SetAnnotations(ann)
-		if exists {
-			err = l.c.kube.Update(ctx, obj)
+		if p.exists {
+			err = op.lock.c.kube.Update(ctx, obj)
 		} else {
-			err = l.c.kube.Create(ctx, obj)
+			err = op.lock.c.kube.Create(ctx, obj)
 		}
-		if err == nil {
-			return receipt, nil
+		c, retry, err := op.settle(ctx, obj, p, err)
+		if !retry {
+			return c, err
 		}
-		if d, ok := asDenial(err); ok {
-			if d.Verdict == fence.AlreadyApplied {
-				if m := receiptRE.FindStringSubmatch(d.Message); m != nil {
-					receipt.Receipt = m[1]
-				}
-				return receipt, nil
-			}
-			return fence.Receipt{}, d
-		}
-		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-			continue // someone wrote in between: read again and renumber
-		}
-		if definitive(err) {
-			return fence.Receipt{}, err
-		}
-		// MUTATION_UNKNOWN: the write may or may not have landed.
-		applied, resolved, rerr := op.resolve(ctx, obj, receipt)
-		switch {
-		case rerr != nil:
-			return fence.Receipt{}, rerr
-		case applied:
-			return resolved, nil
-		}
-		// Proven absent: try again under the current grant.
 	}
-	return fence.Receipt{}, fmt.Errorf("commit of %s kept conflicting with other writers", obj.GetName())
+	return committed{}, fmt.Errorf("commit of %s kept conflicting with other writers", obj.GetName())
+}
+
+// prepared is one fenced write, stamped and ready to send.
+type prepared struct {
+	exists   bool
+	receipt  fence.Receipt
+	envelope string
+}
+
+// prepare reads obj, applies mutate and stamps the next segment of the
+// operation under the lock's grant, with the given intent.
+func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func() error, intent string) (prepared, error) {
+	l := op.lock
+	g, proof := l.Grant()
+	exists, err := op.read(ctx, obj)
+	if err != nil {
+		return prepared{}, err
+	}
+	if intent == fence.IntentDelete && !exists {
+		return prepared{}, apierrors.NewNotFound(schema.GroupResource{Resource: obj.GetObjectKind().GroupVersionKind().Kind}, obj.GetName())
+	}
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	if err != nil {
+		return prepared{}, fmt.Errorf("stored fence state of %s: %w", obj.GetName(), err)
+	}
+	segment := int64(1)
+	if st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
+		segment = st.LastSegment + 1
+	}
+	if err := mutate(); err != nil {
+		return prepared{}, err
+	}
+	labels := obj.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[fence.LabelProtected] = "true"
+	obj.SetLabels(labels)
+	ann[fence.AnnotationResource] = l.resource
+	payload, err := payloadOf(obj)
+	if err != nil {
+		return prepared{}, err
+	}
+	receipt, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: op.id, Segment: segment, Payload: payload, Intent: intent})
+	if err != nil {
+		return prepared{}, err
+	}
+	obj.SetAnnotations(ann)
+	return prepared{exists: exists, receipt: receipt, envelope: ann[fence.AnnotationFence]}, nil
+}
+
+// settle interprets the answer to a prepared write: done (with a receipt or
+// an error), or retry (a conflict, or a write proven absent).
+func (op *Operation) settle(ctx context.Context, obj client.Object, p prepared, err error) (committed, bool, error) {
+	c := committed{receipt: p.receipt, envelope: p.envelope}
+	if err == nil {
+		c.inObj = true
+		return c, false, nil
+	}
+	if d, ok := asDenial(err); ok {
+		if d.Verdict == fence.AlreadyApplied {
+			if m := receiptRE.FindStringSubmatch(d.Message); m != nil {
+				c.receipt.Receipt = m[1]
+			}
+			return c, false, nil
+		}
+		return committed{}, false, d
+	}
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		return committed{}, true, nil // someone wrote in between: read again and renumber
+	}
+	if definitive(err) {
+		return committed{}, false, err
+	}
+	// MUTATION_UNKNOWN: the write may or may not have landed.
+	applied, resolved, rerr := op.resolve(ctx, obj, p.receipt)
+	switch {
+	case rerr != nil:
+		return committed{}, false, rerr
+	case applied:
+		c.receipt = resolved
+		return c, false, nil
+	}
+	return committed{}, true, nil // proven absent: try again under the current grant
 }
 
 // Applied lists the receipts of this operation still in obj's receipt log.

@@ -270,12 +270,13 @@ var _ = Describe("the acceptance webhook", func() {
 				Expect(t.write(a, 2, "v1", writeOpts{object: func(u *unstructured.Unstructured) {
 					u.SetLabels(map[string]string{fence.LabelProtected: "true", "team": "billing"})
 				}})).To(Succeed())
-				// Only the holder deletes.
-				t.deniedWith(fence.WrongOwner, func() error { return workers["worker-b"].Delete(suiteCtx, t.get()) })
+				// Only the holder deletes, and only after declaring it (delete_test.go).
+				t.deniedWith(fence.DeleteNotDeclared, func() error { return workers["worker-b"].Delete(suiteCtx, t.get()) })
 				release(a)
 				waitPhase(a, locksv1.PhaseReleased)
-				t.deniedWith(fence.NotHeld, func() error { return workers["worker-a"].Delete(suiteCtx, t.get()) })
-				held(ns, "batch", "worker-b", "b")
+				t.deniedWith(fence.DeleteNotDeclared, func() error { return workers["worker-a"].Delete(suiteCtx, t.get()) })
+				b := held(ns, "batch", "worker-b", "b")
+				Expect(t.write(b, 1, "v1", writeOpts{envelope: func(e *fence.Envelope) { e.Intent = fence.IntentDelete }})).To(Succeed())
 				Expect(workers["worker-b"].Delete(suiteCtx, t.get())).To(Succeed())
 				Expect(t.get()).To(BeNil())
 			})
