@@ -352,8 +352,10 @@ func (v *ProtectedObjectValidator) allowTeardown(r *request, fr *locksv1.FencedR
 	teardownDeletes.Inc()
 	decisions.WithLabelValues(namespaceTeardown, string(fr.Spec.Enforcement), "true").Inc()
 	if !dryRun(r.Request) {
-		v.Recorder.Eventf(fr, nil, corev1.EventTypeNormal, "NamespaceTeardown", "Delete",
-			"%s %s deleted by the namespace controller while namespace %s terminates", r.kind, r.name, r.Namespace)
+		// On the Namespace: a terminating namespace takes no new Events.
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.Namespace}}
+		v.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "NamespaceTeardown", "Delete",
+			"%s %s (target of FencedResource %s) deleted by the namespace controller while the namespace terminates", r.kind, r.name, fr.Name)
 	}
 	return admission.Allowed("namespace teardown: the namespace controller deletes everything in a terminating namespace")
 }

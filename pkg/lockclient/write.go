@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -108,6 +109,11 @@ func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func
 	if st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
 		segment = st.LastSegment + 1
 	}
+	if !exists {
+		if segment, err = op.segmentAfterDelete(ctx, g.Digest()); err != nil {
+			return prepared{}, err
+		}
+	}
 	if err := mutate(); err != nil {
 		return prepared{}, err
 	}
@@ -128,6 +134,21 @@ func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func
 	}
 	obj.SetAnnotations(ann)
 	return prepared{exists: exists, receipt: receipt, envelope: ann[fence.AnnotationFence]}, nil
+}
+
+// segmentAfterDelete numbers the first segment of an object that does not
+// exist: the next one after the segment that deleted it under this grant (the
+// registry remembers a deleted target's state), else 1.
+func (op *Operation) segmentAfterDelete(ctx context.Context, digest string) (int64, error) {
+	var fr locksv1.FencedResource
+	key := types.NamespacedName{Namespace: op.lock.key.Namespace, Name: op.lock.resource}
+	if err := op.lock.c.kube.Get(ctx, key, &fr); err != nil {
+		return 0, fmt.Errorf("read FencedResource %s: %w", key, err)
+	}
+	if dt := fr.Status.DeletedTarget; dt != nil && dt.GrantDigest == digest {
+		return dt.Segment + 1, nil
+	}
+	return 1, nil
 }
 
 // settle interprets the answer to a prepared write: done (with a receipt or

@@ -99,6 +99,40 @@ var _ = Describe("DELETE of a protected object", func() {
 		Expect(err).To(MatchError(ContainSubstring("not found")))
 	})
 
+	It("lets the holder re-create what it deleted with the next segment, and nobody else", func() {
+		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, _ := faultyWorker(ns, "worker-a")
+		l := acquire(c, "job-1")
+		op := l.Operation("rebuild")
+		cm := configMapNamed(ns, "batch")
+		_, err := op.Commit(suiteCtx, cm, setData(cm, "v1"))
+		Expect(err).NotTo(HaveOccurred())
+		published := t.get().GetAnnotations()
+		_, err = op.Delete(suiteCtx, configMapNamed(ns, "batch"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(getFR(ns, "batch").Status.DeletedTarget).To(HaveField("Segment", int64(2)))
+
+		// A stranger re-creates it, unlabelled, with the holder's published
+		// envelope and a forged receipt for an operation that never ran.
+		forged := `[{"fence":1,"segment":3,"operation":"rebuild-2","payload":"sha256:` + strings.Repeat("cd", 32) +
+			`","receipt":"sha256:` + strings.Repeat("ab", 32) + `"}]`
+		t.deniedWith(fence.FenceRequired, func() error {
+			return workers["worker-b"].Create(suiteCtx, t.unfenced("v1", nil, map[string]string{fence.AnnotationReceipts: forged}))
+		})
+		t.deniedWith(fence.WrongOwner, func() error {
+			return workers["worker-b"].Create(suiteCtx, t.unfenced("v1", nil, map[string]string{
+				fence.AnnotationFence: published[fence.AnnotationFence], fence.AnnotationReceipts: forged,
+			}))
+		})
+
+		// The holder continues: segment 3, no false FENCE_REGRESSION.
+		cm = configMapNamed(ns, "batch")
+		r, err := l.Operation("rebuild-2").Commit(suiteCtx, cm, setData(cm, "v2"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect([]int64{r.Fence, r.Segment}).To(Equal([]int64{1, 3}))
+		Expect(t.content()).To(Equal("v2"))
+	})
+
 	It("resolves a delete whose answer was lost", func() {
 		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		c, f := faultyWorker(ns, "worker-a")
