@@ -154,7 +154,7 @@ func (v *LockGrantValidator) gatherAuthority(ctx context.Context, req admission.
 func (v *LockGrantValidator) audit(via lockGrantAuthority, call lockGrantCall, lg *locksv1.LockGrant, ns *corev1.Namespace) {
 	what := "delete"
 	if !call.Delete {
-		what = "change " + joinPaths(call.Changes)
+		what = "change " + joinPaths(call.Changes) + " of"
 	}
 	switch via {
 	case viaBreakGlass:
@@ -284,8 +284,8 @@ func lockGrantChanges(oldLG, newLG *locksv1.LockGrant) []*field.Path {
 			out = append(out, p)
 		}
 	}
-	diff(meta.Child("labels"), oldM.Labels, newM.Labels)
-	diff(meta.Child("annotations"), oldM.Annotations, newM.Annotations)
+	out = append(out, changedKeys(meta.Child("labels"), oldM.Labels, newM.Labels)...)
+	out = append(out, changedKeys(meta.Child("annotations"), oldM.Annotations, newM.Annotations)...)
 	diff(meta.Child("finalizers"), oldM.Finalizers, newM.Finalizers)
 	diff(meta.Child("ownerReferences"), oldM.OwnerReferences, newM.OwnerReferences)
 	oldM.Labels, oldM.Annotations, oldM.Finalizers, oldM.OwnerReferences = nil, nil, nil, nil
@@ -296,6 +296,28 @@ func lockGrantChanges(oldLG, newLG *locksv1.LockGrant) []*field.Path {
 	oldS, newS := oldLG.Spec, newLG.Spec
 	oldS.Renewals, oldS.Release, newS.Renewals, newS.Release = 0, false, 0, false
 	diff(spec, oldS, newS)
+	return out
+}
+
+// changedKeys names each key added, removed or changed between a and b, in
+// key order, so denials and audit records say exactly which entry moved.
+func changedKeys(p *field.Path, a, b map[string]string) []*field.Path {
+	var keys []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			keys = append(keys, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	out := make([]*field.Path, len(keys))
+	for i, k := range keys {
+		out[i] = p.Key(k)
+	}
 	return out
 }
 

@@ -38,9 +38,12 @@ func TestLockGrantChanges(t *testing.T) {
 			g.DeletionTimestamp, g.DeletionGracePeriodSeconds = &now, &grace
 		}, ""},
 		"status is not the main resource's": {func(g *locksv1.LockGrant) { g.Status.Phase = locksv1.PhaseReleased }, ""},
-		"annotation removed": {func(g *locksv1.LockGrant) { g.Annotations = nil }, "metadata.annotations"},
-		"label added":        {func(g *locksv1.LockGrant) { g.Labels = map[string]string{"team": "b"} }, "metadata.labels"},
-		"finalizer removed":  {func(g *locksv1.LockGrant) { g.Finalizers = nil }, "metadata.finalizers"},
+		"annotation removed":                {func(g *locksv1.LockGrant) { g.Annotations = nil }, "metadata.annotations[fencekeeper.dev/unresolved-mutation]"},
+		"label added":                       {func(g *locksv1.LockGrant) { g.Labels = map[string]string{"team": "b"} }, "metadata.labels[team]"},
+		"annotation changed and added": {func(g *locksv1.LockGrant) {
+			g.Annotations = map[string]string{locksv1.AnnotationUnresolvedMutation: "{}", "a": "b"}
+		}, "metadata.annotations[a], metadata.annotations[fencekeeper.dev/unresolved-mutation]"},
+		"finalizer removed": {func(g *locksv1.LockGrant) { g.Finalizers = nil }, "metadata.finalizers"},
 		"owner reference": {func(g *locksv1.LockGrant) {
 			g.OwnerReferences = []metav1.OwnerReference{{Kind: "FencedResource", Name: "batch"}}
 		}, "metadata.ownerReferences"},
@@ -49,7 +52,7 @@ func TestLockGrantChanges(t *testing.T) {
 			"spec.renewals, spec.release"},
 		"immutable spec": {func(g *locksv1.LockGrant) { g.Spec.Lease = "other" }, "spec"},
 		"several": {func(g *locksv1.LockGrant) { g.Labels = map[string]string{"a": "b"}; g.Spec.Release = true },
-			"metadata.labels, spec.release"},
+			"metadata.labels[a], spec.release"},
 	}
 	for name, c := range cases {
 		newLG := heldGrant()
