@@ -6,10 +6,16 @@ package webhooks
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -17,19 +23,39 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
+
+// The namespace controller's deletes are allowed only while the namespace
+// terminates, which the webhook reads from the API server.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 
 // LockGrantValidator admits LockGrants: the owner is the requesting user, the
-// FencedResource exists and its policy allows the request, and requestIDs are unique.
+// FencedResource exists and its policy allows the request, and requestIDs are
+// unique. A LockGrant belongs to its owner: only the owner changes (metadata
+// included) or deletes it, except the operator, an RBAC-authorized
+// break-glass, and the namespace controller emptying a terminating namespace.
 type LockGrantValidator struct {
-	// Reader serves uncached reads of FencedResources and LockGrants.
+	// Reader serves uncached reads of FencedResources, LockGrants and Namespaces.
 	Reader client.Reader
+	// Operator is the operator's user name (it manages the release finalizer).
+	Operator string
+	// BreakGlass authorizes overrides by anyone else.
+	BreakGlass *BreakGlassAuthorizer
+	// Recorder audits every override with an Event.
+	Recorder events.EventRecorder
 }
 
-// SetupLockGrantWebhook registers the validator with the manager's webhook server.
-func SetupLockGrantWebhook(mgr ctrl.Manager) error {
+// SetupLockGrantWebhook registers the validator with the manager's webhook
+// server; namespace is the operator's (its identity is that namespace's
+// service account).
+func SetupLockGrantWebhook(mgr ctrl.Manager, namespace string) error {
 	return ctrl.NewWebhookManagedBy(mgr, &locksv1.LockGrant{}).
-		WithValidator(&LockGrantValidator{Reader: mgr.GetAPIReader()}).
+		WithValidator(&LockGrantValidator{
+			Reader:     mgr.GetAPIReader(),
+			Operator:   locksv1.OperatorUsername(namespace),
+			BreakGlass: &BreakGlassAuthorizer{Client: mgr.GetClient()},
+			Recorder:   mgr.GetEventRecorder("fencekeeper-webhook"),
+		}).
 		Complete()
 }
 
@@ -54,18 +80,106 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	return nil, validateLockGrantCreate(req.UserInfo.Username, lg, &fr, list.Items)
 }
 
-// ValidateUpdate lets only the owner change the request (renew or release).
+// ValidateUpdate lets only the owner change the LockGrant, metadata included.
 func (v *LockGrantValidator) ValidateUpdate(ctx context.Context, oldLG, newLG *locksv1.LockGrant) (admission.Warnings, error) {
-	req, err := admission.RequestFromContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return nil, validateLockGrantUpdate(req.UserInfo.Username, oldLG, newLG)
+	return nil, v.admitChange(ctx, oldLG, newLG)
 }
 
-// ValidateDelete allows deletion: deleting a held grant releases it.
-func (v *LockGrantValidator) ValidateDelete(context.Context, *locksv1.LockGrant) (admission.Warnings, error) {
-	return nil, nil
+// ValidateDelete lets only the owner delete the LockGrant (deleting a held
+// grant releases it and hands the resource to the next waiter).
+func (v *LockGrantValidator) ValidateDelete(ctx context.Context, lg *locksv1.LockGrant) (admission.Warnings, error) {
+	return nil, v.admitChange(ctx, lg, nil)
+}
+
+// admitChange gathers who asks (and, only for a caller other than the owner
+// or the operator, the break-glass review and the namespace's state), decides
+// with authorizeLockGrant and audits overrides. newLG is nil for a delete.
+func (v *LockGrantValidator) admitChange(ctx context.Context, oldLG, newLG *locksv1.LockGrant) error {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return err
+	}
+	call := lockGrantCall{User: req.UserInfo.Username, Owner: oldLG.Spec.Owner, Operator: v.Operator, Delete: newLG == nil}
+	if newLG != nil {
+		call.Changes = lockGrantChanges(oldLG, newLG)
+	}
+	var ns *corev1.Namespace
+	if call.foreign() {
+		if ns, err = v.gatherAuthority(ctx, req, oldLG, &call); err != nil {
+			return apierrors.NewInternalError(err)
+		}
+	}
+	var errs field.ErrorList
+	if newLG != nil {
+		errs = validateLockGrantSpecUpdate(oldLG, newLG)
+	}
+	via, denied := authorizeLockGrant(call)
+	op := string(req.Operation)
+	switch {
+	case len(denied) > 0:
+		lockGrantDenied.WithLabelValues(op).Inc()
+		return apierrors.NewForbidden(locksv1.GroupVersion.WithResource("lockgrants").GroupResource(), oldLG.Name, denied.ToAggregate())
+	case len(errs) > 0:
+		return apierrors.NewInvalid(locksv1.GroupVersion.WithKind("LockGrant").GroupKind(), oldLG.Name, errs)
+	}
+	if req.DryRun == nil || !*req.DryRun {
+		v.audit(via, call, oldLG, ns)
+	}
+	return nil
+}
+
+// gatherAuthority fills what authorizeLockGrant needs about a foreign caller:
+// whether the namespace terminates (asked only for the namespace controller's
+// deletes) and whether the caller holds the break-glass verb.
+func (v *LockGrantValidator) gatherAuthority(ctx context.Context, req admission.Request, lg *locksv1.LockGrant, call *lockGrantCall) (*corev1.Namespace, error) {
+	var ns *corev1.Namespace
+	if call.Delete && call.User == NamespaceControllerUser {
+		ns = &corev1.Namespace{}
+		if err := v.Reader.Get(ctx, types.NamespacedName{Name: lg.Namespace}, ns); err != nil {
+			return nil, fmt.Errorf("read Namespace %s: %w", lg.Namespace, err)
+		}
+		call.NamespaceTerminating = ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating
+		if call.NamespaceTerminating {
+			return ns, nil
+		}
+	}
+	ok, err := v.BreakGlass.Allowed(ctx, req.UserInfo, locksv1.GroupVersion.Group, "lockgrants", lg.Namespace, lg.Name)
+	call.BreakGlass = ok
+	return ns, err
+}
+
+// audit records an admitted override: an Event and a metric. A terminating
+// namespace accepts no new Events, so a namespace deletion is recorded on the
+// Namespace (its Events live in the default namespace).
+func (v *LockGrantValidator) audit(via lockGrantAuthority, call lockGrantCall, lg *locksv1.LockGrant, ns *corev1.Namespace) {
+	what := "delete"
+	if !call.Delete {
+		what = "change " + joinPaths(call.Changes) + " of"
+	}
+	switch via {
+	case viaBreakGlass:
+		lockGrantBreakGlass.WithLabelValues(opName(call.Delete)).Inc()
+		v.Recorder.Eventf(lg, nil, corev1.EventTypeWarning, ReasonBreakGlass, opName(call.Delete),
+			"break-glass: %q was admitted to %s LockGrant %s of owner %q (phase %s)", call.User, what, lg.Name, call.Owner, phaseOf(lg))
+	case viaNamespaceDeletion:
+		lockGrantNamespaceDeletions.Inc()
+		v.Recorder.Eventf(ns, lg, corev1.EventTypeNormal, ReasonNamespaceDeletion, opName(call.Delete),
+			"namespace %s terminates: %q was admitted to delete LockGrant %s of owner %q (phase %s)", ns.Name, call.User, lg.Name, call.Owner, phaseOf(lg))
+	}
+}
+
+func opName(del bool) string {
+	if del {
+		return "Delete"
+	}
+	return "Update"
+}
+
+func phaseOf(lg *locksv1.LockGrant) string {
+	if lg.Status.Phase == "" {
+		return "unset"
+	}
+	return string(lg.Status.Phase)
 }
 
 func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.FencedResource, existing []locksv1.LockGrant) error {
@@ -84,10 +198,172 @@ func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.Fen
 	return nil
 }
 
-func validateLockGrantUpdate(user string, oldLG, newLG *locksv1.LockGrant) error {
-	if !equality.Semantic.DeepEqual(oldLG.Spec, newLG.Spec) && user != oldLG.Spec.Owner {
-		return fmt.Errorf("only the owner %q may renew or release this LockGrant (request by %q); delete it to revoke the request",
-			oldLG.Spec.Owner, user)
+// Reasons of the Events that audit an override of LockGrant ownership.
+const (
+	ReasonBreakGlass        = "BreakGlass"
+	ReasonNamespaceDeletion = "NamespaceDeletion"
+)
+
+// lockGrantAuthority is why a change or delete of a LockGrant is admitted.
+type lockGrantAuthority string
+
+const (
+	viaNoChange          lockGrantAuthority = "no-change"
+	viaOwner             lockGrantAuthority = "owner"
+	viaOperator          lockGrantAuthority = "operator"
+	viaNamespaceDeletion lockGrantAuthority = "namespace-deletion"
+	viaBreakGlass        lockGrantAuthority = "break-glass"
+)
+
+// lockGrantCall is one UPDATE or DELETE of a LockGrant and what is known
+// about its requester.
+type lockGrantCall struct {
+	// User is the requester; Owner is the stored spec.owner; Operator is the
+	// operator's user name.
+	User, Owner, Operator string
+	// Delete is a DELETE; otherwise Changes lists what the UPDATE changes.
+	Delete  bool
+	Changes []*field.Path
+	// NamespaceTerminating: the LockGrant's namespace is being deleted.
+	NamespaceTerminating bool
+	// BreakGlass: a SubjectAccessReview allowed User the break-glass verb.
+	BreakGlass bool
+}
+
+// foreign reports whether the call changes something and comes from neither
+// the owner nor the operator: only then is more authority needed (and looked up).
+func (c lockGrantCall) foreign() bool {
+	return (c.Delete || len(c.Changes) > 0) && c.User != c.Owner && c.User != c.Operator
+}
+
+// authorizeLockGrant decides who may change or delete a LockGrant: its owner,
+// the operator, the namespace controller deleting it from a terminating
+// namespace, or a break-glass user. Anyone else gets one Forbidden error per
+// changed field (for a delete, on spec.owner) naming the owner and the requester.
+func authorizeLockGrant(c lockGrantCall) (lockGrantAuthority, field.ErrorList) {
+	switch {
+	case !c.Delete && len(c.Changes) == 0:
+		return viaNoChange, nil
+	case c.User == c.Owner:
+		return viaOwner, nil
+	case c.User == c.Operator:
+		return viaOperator, nil
+	case c.Delete && c.User == NamespaceControllerUser && c.NamespaceTerminating:
+		return viaNamespaceDeletion, nil
+	case c.BreakGlass:
+		return viaBreakGlass, nil
 	}
-	return nil
+	verb := "delete"
+	if !c.Delete {
+		verb = "change"
+	}
+	msg := fmt.Sprintf("the LockGrant belongs to %q; %q may not %s it (only its owner, the operator, or a user granted the %q verb on lockgrants may)",
+		c.Owner, c.User, verb, BreakGlassVerb)
+	if c.Delete {
+		return "", field.ErrorList{field.Forbidden(field.NewPath("spec", "owner"), msg)}
+	}
+	var errs field.ErrorList
+	for _, p := range c.Changes {
+		errs = append(errs, field.Forbidden(p, msg))
+	}
+	return "", errs
+}
+
+// lockGrantChanges lists what an UPDATE changes in metadata and spec, leaving
+// out what the server keeps (resourceVersion, generation, managedFields, the
+// deletion timestamp and grace period) and, on a terminating LockGrant, the
+// garbage collector's removal of its own finalizers (the delete was already
+// authorized; the object would otherwise never go).
+func lockGrantChanges(oldLG, newLG *locksv1.LockGrant) []*field.Path {
+	terminating := oldLG.DeletionTimestamp != nil
+	oldM, newM := userMetadata(&oldLG.ObjectMeta, terminating), userMetadata(&newLG.ObjectMeta, terminating)
+	meta, spec := field.NewPath("metadata"), field.NewPath("spec")
+	var out []*field.Path
+	diff := func(p *field.Path, a, b any) {
+		if !equality.Semantic.DeepEqual(a, b) {
+			out = append(out, p)
+		}
+	}
+	out = append(out, changedKeys(meta.Child("labels"), oldM.Labels, newM.Labels)...)
+	out = append(out, changedKeys(meta.Child("annotations"), oldM.Annotations, newM.Annotations)...)
+	diff(meta.Child("finalizers"), oldM.Finalizers, newM.Finalizers)
+	diff(meta.Child("ownerReferences"), oldM.OwnerReferences, newM.OwnerReferences)
+	oldM.Labels, oldM.Annotations, oldM.Finalizers, oldM.OwnerReferences = nil, nil, nil, nil
+	newM.Labels, newM.Annotations, newM.Finalizers, newM.OwnerReferences = nil, nil, nil, nil
+	diff(meta, oldM, newM)
+	diff(spec.Child("renewals"), oldLG.Spec.Renewals, newLG.Spec.Renewals)
+	diff(spec.Child("release"), oldLG.Spec.Release, newLG.Spec.Release)
+	oldS, newS := oldLG.Spec, newLG.Spec
+	oldS.Renewals, oldS.Release, newS.Renewals, newS.Release = 0, false, 0, false
+	diff(spec, oldS, newS)
+	return out
+}
+
+// changedKeys names each key added, removed or changed between a and b, in
+// key order, so denials and audit records say exactly which entry moved.
+func changedKeys(p *field.Path, a, b map[string]string) []*field.Path {
+	var keys []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			keys = append(keys, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	out := make([]*field.Path, len(keys))
+	for i, k := range keys {
+		out[i] = p.Key(k)
+	}
+	return out
+}
+
+// userMetadata is the metadata a client decides: server bookkeeping cleared.
+func userMetadata(m *metav1.ObjectMeta, terminating bool) metav1.ObjectMeta {
+	c := *m.DeepCopy()
+	c.ResourceVersion, c.Generation, c.ManagedFields = "", 0, nil
+	c.DeletionTimestamp, c.DeletionGracePeriodSeconds = nil, nil
+	c.CreationTimestamp, c.UID, c.SelfLink = metav1.Time{}, "", ""
+	if terminating {
+		c.Finalizers = slices.DeleteFunc(c.Finalizers, func(f string) bool {
+			return f == metav1.FinalizerOrphanDependents || f == metav1.FinalizerDeleteDependents
+		})
+	}
+	return c
+}
+
+// validateLockGrantSpecUpdate keeps the spec's rules, whoever asks: everything
+// but renewals and release is immutable, renewals only grow, release cannot be
+// undone. The CRD's CEL rules say the same; this holds if they are missing.
+func validateLockGrantSpecUpdate(oldLG, newLG *locksv1.LockGrant) field.ErrorList {
+	spec := field.NewPath("spec")
+	o, n := oldLG.Spec, newLG.Spec
+	var errs field.ErrorList
+	for _, f := range []struct{ name, old, new string }{
+		{"resource", o.Resource, n.Resource}, {"owner", o.Owner, n.Owner}, {"requestID", o.RequestID, n.RequestID},
+		{"lease", o.Lease, n.Lease}, {"operationRoot", o.OperationRoot, n.OperationRoot},
+		{"operationCategory", o.OperationCategory, n.OperationCategory},
+	} {
+		if f.old != f.new {
+			errs = append(errs, field.Invalid(spec.Child(f.name), f.new, fmt.Sprintf("is immutable (was %q)", f.old)))
+		}
+	}
+	if n.Renewals < o.Renewals {
+		errs = append(errs, field.Invalid(spec.Child("renewals"), n.Renewals, fmt.Sprintf("may only grow (was %d)", o.Renewals)))
+	}
+	if o.Release && !n.Release {
+		errs = append(errs, field.Invalid(spec.Child("release"), n.Release, "cannot be undone once true"))
+	}
+	return errs
+}
+
+func joinPaths(ps []*field.Path) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
 }

@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("issuer: %w", err)
 	}
-	if err := webhooks.SetupLockGrantWebhook(mgr); err != nil {
+	if err := webhooks.SetupLockGrantWebhook(mgr, o.Namespace); err != nil {
 		return fmt.Errorf("LockGrant webhook: %w", err)
 	}
 	if err := webhooks.SetupFencedResourceWebhook(mgr); err != nil {

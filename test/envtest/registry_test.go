@@ -267,7 +267,7 @@ var _ = Describe("the lock registry", func() {
 		waitPhase(ok, locksv1.PhaseHeld)
 		// Only the owner renews or releases.
 		Expect(update(workers["worker-b"], &locksv1.LockGrant{ObjectMeta: ok.ObjectMeta}, func(g *locksv1.LockGrant) { g.Spec.Renewals++ })).To(
-			MatchError(ContainSubstring(`only the owner "worker-a" may renew or release`)))
+			MatchError(ContainSubstring(`the LockGrant belongs to "worker-a"; "worker-b" may not change it`)))
 		// Immutable and monotonic fields, enforced by the CRD.
 		for field, mutate := range map[string]func(*locksv1.LockGrant){
 			"lease is immutable":         func(g *locksv1.LockGrant) { g.Spec.Lease = "other" },

@@ -124,7 +124,7 @@ func startWebhookServer() {
 		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect(webhooks.SetupLockGrantWebhook(mgr)).To(Succeed())
+	Expect(webhooks.SetupLockGrantWebhook(mgr, opNamespace)).To(Succeed())
 	Expect(webhooks.SetupFencedResourceWebhook(mgr)).To(Succeed())
 	_, err = webhooks.SetupProtectedWebhook(mgr, opNamespace, issuerClock)
 	Expect(err).NotTo(HaveOccurred())

@@ -1,0 +1,171 @@
+package webhooks
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+const testOperator = "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager"
+
+func heldGrant() *locksv1.LockGrant {
+	return &locksv1.LockGrant{
+		ObjectMeta: metav1.ObjectMeta{Name: "batch-r", Namespace: "team", ResourceVersion: "7", Generation: 1,
+			Finalizers:  []string{locksv1.GrantFinalizer},
+			Annotations: map[string]string{locksv1.AnnotationUnresolvedMutation: `{"object":"ConfigMap/x"}`}},
+		Spec:   locksv1.LockGrantSpec{Resource: "batch", Owner: "worker-a", RequestID: "r", Lease: "l", OperationRoot: "sha256:00"},
+		Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld},
+	}
+}
+
+func paths(ps []*field.Path) string { return joinPaths(ps) }
+
+func TestLockGrantChanges(t *testing.T) {
+	now := metav1.Now()
+	grace := int64(0)
+	cases := map[string]struct {
+		mutate func(*locksv1.LockGrant)
+		want   string
+	}{
+		"nothing": {func(*locksv1.LockGrant) {}, ""},
+		"server bookkeeping": {func(g *locksv1.LockGrant) {
+			g.ResourceVersion, g.Generation = "8", 2
+			g.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
+			g.DeletionTimestamp, g.DeletionGracePeriodSeconds = &now, &grace
+		}, ""},
+		"status is not the main resource's": {func(g *locksv1.LockGrant) { g.Status.Phase = locksv1.PhaseReleased }, ""},
+		"annotation removed":                {func(g *locksv1.LockGrant) { g.Annotations = nil }, "metadata.annotations[fencekeeper.dev/unresolved-mutation]"},
+		"label added":                       {func(g *locksv1.LockGrant) { g.Labels = map[string]string{"team": "b"} }, "metadata.labels[team]"},
+		"annotation changed and added": {func(g *locksv1.LockGrant) {
+			g.Annotations = map[string]string{locksv1.AnnotationUnresolvedMutation: "{}", "a": "b"}
+		}, "metadata.annotations[a], metadata.annotations[fencekeeper.dev/unresolved-mutation]"},
+		"finalizer removed": {func(g *locksv1.LockGrant) { g.Finalizers = nil }, "metadata.finalizers"},
+		"owner reference": {func(g *locksv1.LockGrant) {
+			g.OwnerReferences = []metav1.OwnerReference{{Kind: "FencedResource", Name: "batch"}}
+		}, "metadata.ownerReferences"},
+		"generateName": {func(g *locksv1.LockGrant) { g.GenerateName = "x-" }, "metadata"},
+		"renewal and release": {func(g *locksv1.LockGrant) { g.Spec.Renewals, g.Spec.Release = 1, true },
+			"spec.renewals, spec.release"},
+		"immutable spec": {func(g *locksv1.LockGrant) { g.Spec.Lease = "other" }, "spec"},
+		"several": {func(g *locksv1.LockGrant) { g.Labels = map[string]string{"a": "b"}; g.Spec.Release = true },
+			"metadata.labels[a], spec.release"},
+	}
+	for name, c := range cases {
+		newLG := heldGrant()
+		c.mutate(newLG)
+		if got := paths(lockGrantChanges(heldGrant(), newLG)); got != c.want {
+			t.Errorf("%s: changes %q, want %q", name, got, c.want)
+		}
+	}
+}
+
+func TestLockGrantChangesOfTerminatingGrant(t *testing.T) {
+	now := metav1.Now()
+	terminating := func(finalizers ...string) *locksv1.LockGrant {
+		g := heldGrant()
+		g.DeletionTimestamp, g.Finalizers = &now, finalizers
+		return g
+	}
+	gc := terminating(locksv1.GrantFinalizer, metav1.FinalizerOrphanDependents, metav1.FinalizerDeleteDependents)
+	if got := paths(lockGrantChanges(gc, terminating(locksv1.GrantFinalizer))); got != "" {
+		t.Errorf("the garbage collector's finalizers on a terminating grant counted as %q", got)
+	}
+	if got := paths(lockGrantChanges(gc, terminating(metav1.FinalizerOrphanDependents))); got != "metadata.finalizers" {
+		t.Errorf("removing the release finalizer of a terminating grant: %q, want metadata.finalizers", got)
+	}
+	live := heldGrant()
+	live.Finalizers = append(live.Finalizers, metav1.FinalizerOrphanDependents)
+	if got := paths(lockGrantChanges(live, heldGrant())); got != "metadata.finalizers" {
+		t.Errorf("removing orphan from a live grant: %q, want metadata.finalizers", got)
+	}
+}
+
+func TestAuthorizeLockGrant(t *testing.T) {
+	annotations := []*field.Path{field.NewPath("metadata", "annotations")}
+	twoFields := []*field.Path{field.NewPath("metadata", "labels"), field.NewPath("spec", "release")}
+	call := func(user string, del bool, changes []*field.Path, mutate ...func(*lockGrantCall)) lockGrantCall {
+		c := lockGrantCall{User: user, Owner: "worker-a", Operator: testOperator, Delete: del, Changes: changes}
+		for _, m := range mutate {
+			m(&c)
+		}
+		return c
+	}
+	terminating := func(c *lockGrantCall) { c.NamespaceTerminating = true }
+	breakGlass := func(c *lockGrantCall) { c.BreakGlass = true }
+	cases := map[string]struct {
+		call    lockGrantCall
+		via     lockGrantAuthority
+		foreign bool
+		denied  []string // field paths of the Forbidden errors
+	}{
+		"no-op update by anyone":               {call("worker-b", false, nil), viaNoChange, false, nil},
+		"owner deletes":                        {call("worker-a", true, nil), viaOwner, false, nil},
+		"owner changes annotations":            {call("worker-a", false, annotations), viaOwner, false, nil},
+		"operator removes the finalizer":       {call(testOperator, false, []*field.Path{field.NewPath("metadata", "finalizers")}), viaOperator, false, nil},
+		"operator deletes":                     {call(testOperator, true, nil), viaOperator, false, nil},
+		"co-tenant deletes":                    {call("worker-b", true, nil), "", true, []string{"spec.owner"}},
+		"co-tenant changes annotations":        {call("worker-b", false, annotations), "", true, []string{"metadata.annotations"}},
+		"co-tenant changes two fields":         {call("worker-b", false, twoFields), "", true, []string{"metadata.labels", "spec.release"}},
+		"break-glass deletes":                  {call("oncall", true, nil, breakGlass), viaBreakGlass, true, nil},
+		"break-glass changes":                  {call("oncall", false, annotations, breakGlass), viaBreakGlass, true, nil},
+		"namespace controller, terminating":    {call(NamespaceControllerUser, true, nil, terminating), viaNamespaceDeletion, true, nil},
+		"namespace controller, live namespace": {call(NamespaceControllerUser, true, nil), "", true, []string{"spec.owner"}},
+		"namespace controller may only delete": {call(NamespaceControllerUser, false, annotations, terminating), "", true, []string{"metadata.annotations"}},
+		"terminating namespace is no licence":  {call("worker-b", true, nil, terminating), "", true, []string{"spec.owner"}},
+	}
+	for name, c := range cases {
+		if got := c.call.foreign(); got != c.foreign {
+			t.Errorf("%s: foreign = %v, want %v", name, got, c.foreign)
+		}
+		via, errs := authorizeLockGrant(c.call)
+		if via != c.via {
+			t.Errorf("%s: admitted via %q, want %q", name, via, c.via)
+		}
+		var got []string
+		for _, e := range errs {
+			got = append(got, e.Field)
+			if e.Type != field.ErrorTypeForbidden || !strings.Contains(e.Detail, `"worker-a"`) || !strings.Contains(e.Detail, `"`+c.call.User+`"`) {
+				t.Errorf("%s: error %v must be Forbidden and name the owner and the requester", name, e)
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(c.denied, ",") {
+			t.Errorf("%s: denied %v, want %v", name, got, c.denied)
+		}
+	}
+}
+
+func TestValidateLockGrantSpecUpdate(t *testing.T) {
+	cases := map[string]struct {
+		mutate func(*locksv1.LockGrantSpec)
+		want   string
+	}{
+		"renew":              {func(s *locksv1.LockGrantSpec) { s.Renewals = 3 }, ""},
+		"release":            {func(s *locksv1.LockGrantSpec) { s.Release = true }, ""},
+		"renewals shrink":    {func(s *locksv1.LockGrantSpec) { s.Renewals = 1 }, "spec.renewals: Invalid value: 1: may only grow (was 2)"},
+		"release undone":     {func(s *locksv1.LockGrantSpec) { s.Release = false }, "spec.release: Invalid value: false: cannot be undone"},
+		"owner changes":      {func(s *locksv1.LockGrantSpec) { s.Owner = "worker-b" }, `spec.owner: Invalid value: "worker-b": is immutable (was "worker-a")`},
+		"resource changes":   {func(s *locksv1.LockGrantSpec) { s.Resource = "other" }, "spec.resource"},
+		"requestID changes":  {func(s *locksv1.LockGrantSpec) { s.RequestID = "x" }, "spec.requestID"},
+		"lease changes":      {func(s *locksv1.LockGrantSpec) { s.Lease = "x" }, "spec.lease"},
+		"root changes":       {func(s *locksv1.LockGrantSpec) { s.OperationRoot = "sha256:11" }, "spec.operationRoot"},
+		"category changes":   {func(s *locksv1.LockGrantSpec) { s.OperationCategory = "x" }, "spec.operationCategory"},
+		"no change is valid": {func(*locksv1.LockGrantSpec) {}, ""},
+	}
+	for name, c := range cases {
+		oldLG := heldGrant()
+		oldLG.Spec.Renewals = 2
+		if name == "release undone" {
+			oldLG.Spec.Release = true
+		}
+		newLG := oldLG.DeepCopy()
+		c.mutate(&newLG.Spec)
+		errs := validateLockGrantSpecUpdate(oldLG, newLG)
+		if (c.want == "") != (len(errs) == 0) || (len(errs) > 0 && !strings.Contains(errs.ToAggregate().Error(), c.want)) {
+			t.Errorf("%s: got %v, want %q", name, errs, c.want)
+		}
+	}
+}
