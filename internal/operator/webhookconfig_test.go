@@ -139,3 +139,33 @@ func TestWebhookDriftKeepsTheLiveCABundleItDoesNotManage(t *testing.T) {
 		t.Fatalf("failurePolicy written back = %s, want Fail", *restored[1].FailurePolicy)
 	}
 }
+
+func TestTrustAnchorPolicyDrift(t *testing.T) {
+	policy, binding := TrustAnchorPolicy("fencekeeper-system", "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager")
+	if PolicyDrifted(policy.Spec, *normalizePolicy(policy.Spec)) {
+		t.Fatal("the API server's defaults alone read as drift of the policy")
+	}
+	bs := binding.Spec
+	bs.MatchResources = normalizeMatch(nil)
+	if BindingDrifted(binding.Spec, bs) {
+		t.Fatal("the API server's defaults alone read as drift of the binding")
+	}
+	tampered := policy.Spec.DeepCopy()
+	tampered.Validations[0].Expression = "true"
+	if !PolicyDrifted(policy.Spec, *tampered) {
+		t.Fatal("a validation replaced by true was not drift")
+	}
+	tampered = policy.Spec.DeepCopy()
+	tampered.MatchConstraints.ResourceRules = tampered.MatchConstraints.ResourceRules[:1]
+	if !PolicyDrifted(policy.Spec, *tampered) {
+		t.Fatal("a dropped resource rule was not drift")
+	}
+	audit := binding.Spec.DeepCopy()
+	audit.ValidationActions = []admissionregistrationv1.ValidationAction{admissionregistrationv1.Audit}
+	if !BindingDrifted(binding.Spec, *audit) {
+		t.Fatal("a binding switched from Deny to Audit was not drift")
+	}
+	if got := celString(`a'b\c`); got != `'a\'b\\c'` {
+		t.Fatalf("celString = %s", got)
+	}
+}
