@@ -38,15 +38,18 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 	fail, equivalent, namespaced := admissionregistrationv1.Fail, admissionregistrationv1.Equivalent, admissionregistrationv1.NamespacedScope
 	forbidden := metav1.StatusReasonForbidden
 	ops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
-	rule := func(resource string, names ...string) admissionregistrationv1.NamedRuleWithOperations {
-		return admissionregistrationv1.NamedRuleWithOperations{
-			ResourceNames: names,
-			RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: ops, Rule: admissionregistrationv1.Rule{
-				APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{resource}, Scope: &namespaced,
-			}},
-		}
-	}
-	epochKey := fmt.Sprintf("request.name == %s ? %s : (request.name == %s ? %s : '')",
+	// No resourceNames: a deletecollection is admitted item by item under the
+	// collection's empty name, so a rule by name would not match it. The
+	// match condition picks the anchors by the object's own name instead.
+	rules := []admissionregistrationv1.NamedRuleWithOperations{{
+		RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: ops, Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps", "secrets"}, Scope: &namespaced,
+		}},
+	}}
+	const name = "(object != null ? object : oldObject).metadata.name"
+	isAnchor := fmt.Sprintf("(request.resource.resource == 'configmaps' && %[1]s in [%[2]s, %[3]s]) || (request.resource.resource == 'secrets' && %[1]s == %[4]s)",
+		name, celString(locksv1.TrustBundleConfigMap), celString(locksv1.IssuerEpochConfigMap), celString(locksv1.SigningKeySecret))
+	epochKey := fmt.Sprintf("variables.name == %s ? %s : (variables.name == %s ? %s : '')",
 		celString(locksv1.TrustBundleConfigMap), celString(grant.RevokedBelowEpochKey),
 		celString(locksv1.IssuerEpochConfigMap), celString(controllers.IssuerEpochDataKey))
 	// An absent entry reads as 0; one that is not a plain number as -1, which
@@ -66,15 +69,14 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: namespace}},
 				ObjectSelector:    &metav1.LabelSelector{},
 				MatchPolicy:       &equivalent,
-				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{
-					rule("configmaps", locksv1.TrustBundleConfigMap, locksv1.IssuerEpochConfigMap),
-					rule("secrets", locksv1.SigningKeySecret),
-				},
+				ResourceRules:     rules,
 			},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "trust-anchor", Expression: isAnchor}},
 			Variables: []admissionregistrationv1.Variable{
+				{Name: "name", Expression: name},
 				{Name: "isOperator", Expression: "request.userInfo.username == " + celString(operatorUser)},
 				{Name: "terminating", Expression: "request.operation == 'DELETE' && namespaceObject != null && has(namespaceObject.status) && has(namespaceObject.status.phase) && namespaceObject.status.phase == 'Terminating'"},
-				{Name: "rotation", Expression: fmt.Sprintf("request.operation == 'UPDATE' && authorizer.group(%s).resource(%s).namespace(%s).name(request.name).check(%s).allowed()",
+				{Name: "rotation", Expression: fmt.Sprintf("request.operation == 'UPDATE' && authorizer.group(%s).resource(%s).namespace(%s).name(variables.name).check(%s).allowed()",
 					celString(locksv1.GroupVersion.Group), celString(TrustAnchorResource), celString(namespace), celString(TrustAnchorRotateVerb))},
 				{Name: "epochKey", Expression: "request.operation == 'UPDATE' ? (" + epochKey + ") : ''"},
 				{Name: "epochLabel", Expression: "variables.epochKey == 'epoch' ? 'the issuer epoch' : variables.epochKey"},
@@ -86,7 +88,7 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 			Validations: []admissionregistrationv1.Validation{
 				{
 					Expression: "variables.isOperator || variables.terminating || variables.rotation",
-					MessageExpression: fmt.Sprintf("'only the fencekeeper operator (' + %s + ') may ' + request.operation + ' the trust anchor ' + %s + '/' + request.name + ', not ' + request.userInfo.username + (request.operation == 'UPDATE' ? ' (a controlled rotation needs verb %s on %s.%s)' : '')",
+					MessageExpression: fmt.Sprintf("'only the fencekeeper operator (' + %s + ') may ' + request.operation + ' the trust anchor ' + %s + '/' + variables.name + ', not ' + request.userInfo.username + (request.operation == 'UPDATE' ? ' (a controlled rotation needs verb %s on %s.%s)' : '')",
 						celString(operatorUser), celString(namespace), TrustAnchorRotateVerb, TrustAnchorResource, locksv1.GroupVersion.Group),
 					Reason: &forbidden,
 				},

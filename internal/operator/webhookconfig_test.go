@@ -156,9 +156,14 @@ func TestTrustAnchorPolicyDrift(t *testing.T) {
 		t.Fatal("a validation replaced by true was not drift")
 	}
 	tampered = policy.Spec.DeepCopy()
-	tampered.MatchConstraints.ResourceRules = tampered.MatchConstraints.ResourceRules[:1]
+	tampered.MatchConstraints.ResourceRules[0].Resources = []string{"configmaps"}
 	if !PolicyDrifted(policy.Spec, *tampered) {
-		t.Fatal("a dropped resource rule was not drift")
+		t.Fatal("secrets dropped from the rule was not drift")
+	}
+	tampered = policy.Spec.DeepCopy()
+	tampered.MatchConditions[0].Expression = "false"
+	if !PolicyDrifted(policy.Spec, *tampered) {
+		t.Fatal("a match condition false was not drift")
 	}
 	audit := binding.Spec.DeepCopy()
 	audit.ValidationActions = []admissionregistrationv1.ValidationAction{admissionregistrationv1.Audit}
