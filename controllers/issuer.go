@@ -27,9 +27,11 @@ import (
 
 // Keys inside the operator's own objects (their names are in api/v1alpha1).
 const (
-	signingKeyIDKey    = "keyID"
-	signingKeySeedKey  = "ed25519.seed"
-	issuerEpochDataKey = "epoch"
+	signingKeyIDKey   = "keyID"
+	signingKeySeedKey = "ed25519.seed"
+	// IssuerEpochDataKey is the issuer-epoch record's entry; the trust-anchor
+	// admission policy checks that it only grows.
+	IssuerEpochDataKey = "epoch"
 )
 
 // +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=secrets,verbs=get;create
@@ -269,7 +271,7 @@ func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
 			cm = corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: locksv1.IssuerEpochConfigMap,
 					Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
-				Data: map[string]string{issuerEpochDataKey: "1"},
+				Data: map[string]string{IssuerEpochDataKey: "1"},
 			}
 			if err := i.client.Create(ctx, &cm); err == nil {
 				return 1, nil
@@ -279,12 +281,12 @@ func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
 		case err != nil:
 			return 0, fmt.Errorf("read issuer epoch %s/%s: %w", i.namespace, locksv1.IssuerEpochConfigMap, err)
 		default:
-			cur, err := strconv.ParseInt(cm.Data[issuerEpochDataKey], 10, 64)
+			cur, err := strconv.ParseInt(cm.Data[IssuerEpochDataKey], 10, 64)
 			if err != nil || cur < 0 {
 				return 0, fmt.Errorf("configmap %s/%s: %s=%q is not a non-negative integer",
-					i.namespace, locksv1.IssuerEpochConfigMap, issuerEpochDataKey, cm.Data[issuerEpochDataKey])
+					i.namespace, locksv1.IssuerEpochConfigMap, IssuerEpochDataKey, cm.Data[IssuerEpochDataKey])
 			}
-			cm.Data[issuerEpochDataKey] = strconv.FormatInt(cur+1, 10)
+			cm.Data[IssuerEpochDataKey] = strconv.FormatInt(cur+1, 10)
 			if err := i.client.Update(ctx, &cm); err == nil { // resourceVersion precondition
 				return cur + 1, nil
 			} else if !apierrors.IsConflict(err) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -54,6 +55,9 @@ type Options struct {
 	// OnIssuing, if set, is called once this replica issues grants (it leads)
 	// and its webhook server is serving.
 	OnIssuing func()
+	// DesiredWebhooks, if set, returns WebhookConfiguration's webhooks as
+	// installed; otherwise the leader keeps them as it first finds them.
+	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
 }
 
 // Run runs the operator against cfg until ctx ends.
@@ -118,6 +122,14 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		if err := mgr.Add(&webhooks.CABundlePatcher{Client: uncached, Name: o.WebhookConfiguration, CABundle: caBundle}); err != nil {
 			return fmt.Errorf("caBundle patcher: %w", err)
 		}
+	}
+	if o.WebhookConfiguration == "" {
+		o.WebhookConfiguration = locksv1.WebhookConfigurationName
+	}
+	if err := SetupAdmissionGuard(mgr, GuardOptions{
+		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks,
+	}); err != nil {
+		return fmt.Errorf("admission guard: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
