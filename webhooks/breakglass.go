@@ -16,11 +16,6 @@ import (
 // it: a Role grants it like any verb, and cluster-admin's "*" includes it.
 const BreakGlassVerb = "break-glass"
 
-// NamespaceControllerUser is the identity kube-controller-manager's namespace
-// controller uses with --use-service-account-credentials (kubeadm and most
-// distributions). While a namespace terminates it deletes everything in it.
-const NamespaceControllerUser = "system:serviceaccount:kube-system:namespace-controller"
-
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // BreakGlassAuthorizer asks the API server's authorizers (RBAC and whatever

@@ -133,7 +133,7 @@ func (v *LockGrantValidator) admitChange(ctx context.Context, oldLG, newLG *lock
 // deletes) and whether the caller holds the break-glass verb.
 func (v *LockGrantValidator) gatherAuthority(ctx context.Context, req admission.Request, lg *locksv1.LockGrant, call *lockGrantCall) (*corev1.Namespace, error) {
 	var ns *corev1.Namespace
-	if call.Delete && call.User == NamespaceControllerUser {
+	if call.Delete && call.User == locksv1.NamespaceControllerUsername {
 		ns = &corev1.Namespace{}
 		if err := v.Reader.Get(ctx, types.NamespacedName{Name: lg.Namespace}, ns); err != nil {
 			return nil, fmt.Errorf("read Namespace %s: %w", lg.Namespace, err)
@@ -248,7 +248,7 @@ func authorizeLockGrant(c lockGrantCall) (lockGrantAuthority, field.ErrorList) {
 		return viaOwner, nil
 	case c.User == c.Operator:
 		return viaOperator, nil
-	case c.Delete && c.User == NamespaceControllerUser && c.NamespaceTerminating:
+	case c.Delete && c.User == locksv1.NamespaceControllerUsername && c.NamespaceTerminating:
 		return viaNamespaceDeletion, nil
 	case c.BreakGlass:
 		return viaBreakGlass, nil

@@ -112,9 +112,9 @@ func TestAuthorizeLockGrant(t *testing.T) {
 		"co-tenant changes two fields":         {call("worker-b", false, twoFields), "", true, []string{"metadata.labels", "spec.release"}},
 		"break-glass deletes":                  {call("oncall", true, nil, breakGlass), viaBreakGlass, true, nil},
 		"break-glass changes":                  {call("oncall", false, annotations, breakGlass), viaBreakGlass, true, nil},
-		"namespace controller, terminating":    {call(NamespaceControllerUser, true, nil, terminating), viaNamespaceDeletion, true, nil},
-		"namespace controller, live namespace": {call(NamespaceControllerUser, true, nil), "", true, []string{"spec.owner"}},
-		"namespace controller may only delete": {call(NamespaceControllerUser, false, annotations, terminating), "", true, []string{"metadata.annotations"}},
+		"namespace controller, terminating":    {call(locksv1.NamespaceControllerUsername, true, nil, terminating), viaNamespaceDeletion, true, nil},
+		"namespace controller, live namespace": {call(locksv1.NamespaceControllerUsername, true, nil), "", true, []string{"spec.owner"}},
+		"namespace controller may only delete": {call(locksv1.NamespaceControllerUsername, false, annotations, terminating), "", true, []string{"metadata.annotations"}},
 		"terminating namespace is no licence":  {call("worker-b", true, nil, terminating), "", true, []string{"spec.owner"}},
 	}
 	for name, c := range cases {

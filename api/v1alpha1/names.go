@@ -35,7 +35,9 @@ const (
 	// labelled or not. The operator sets and removes it; nobody else should.
 	LabelEnrolledNamespace = "fencekeeper.dev/enrolled"
 	// NamespaceControllerUsername is kube-controller-manager's namespace
-	// controller, whose deletes in a terminating namespace are let through.
+	// controller with --use-service-account-credentials (kubeadm and most
+	// distributions): while a namespace terminates it deletes everything in
+	// it, so its deletes there are let through, audited.
 	NamespaceControllerUsername = "system:serviceaccount:kube-system:namespace-controller"
 )
 
