@@ -49,10 +49,11 @@ func (r *NamespaceEnrollmentReconciler) SetupWithManager(mgr ctrl.Manager) error
 	if name == "" {
 		name = "namespace-enrollment"
 	}
+	opts := controllerOptions(r.Name != "")
 	toNamespace := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
 	})
-	return ctrl.NewControllerManagedBy(mgr).Named(name).
+	return ctrl.NewControllerManagedBy(mgr).Named(name).WithOptions(opts).
 		For(&corev1.Namespace{}).
 		Watches(&locksv1.FencedResource{}, toNamespace).
 		Complete(r)
