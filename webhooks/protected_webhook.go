@@ -215,16 +215,25 @@ func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*lock
 	}
 	for _, name := range names {
 		var fr locksv1.FencedResource
+		if err := v.Index.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: name}, &fr); err == nil && !targets(&fr, key) {
+			// spec.target is immutable: a cached entry that names another
+			// object cannot name this one, so its quorum read is skipped.
+			continue
+		}
 		if err := v.Reader.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: name}, &fr); apierrors.IsNotFound(err) {
 			continue
 		} else if err != nil {
 			return nil, fmt.Errorf("read FencedResource %s/%s: %w", r.Namespace, name, err)
 		}
-		if fr.Spec.Target != nil && fr.Spec.Target.Key() == key {
+		if targets(&fr, key) {
 			return &fr, nil
 		}
 	}
 	return nil, nil
+}
+
+func targets(fr *locksv1.FencedResource, key string) bool {
+	return fr.Spec.Target != nil && fr.Spec.Target.Key() == key
 }
 
 func registryOf(fr *locksv1.FencedResource, now time.Time) fence.Registry {

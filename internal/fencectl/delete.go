@@ -33,13 +33,9 @@ object in between, nothing is deleted.`,
 		Args:    exactArgs("LOCKGRANT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			lc, err := o.lockClient(ctx)
+			lock, err := o.attach(ctx, args[0], "delete", unguarded)
 			if err != nil {
 				return err
-			}
-			lock, err := lc.Attach(ctx, args[0], lockclient.AcquireOptions{Unguarded: unguarded})
-			if err != nil {
-				return fmt.Errorf("cannot delete under %s: %w (--unguarded sends the delete anyway, for the webhook to judge)", args[0], explainAPI(err, "LockGrant "+args[0]))
 			}
 			defer lock.Close()
 			obj, err := o.targetObject(ctx, lock.Resource())

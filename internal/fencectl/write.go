@@ -64,13 +64,9 @@ per grant); a write the webhook already applied returns its original receipt.`,
 				return errors.New("write needs -f FILE: a manifest of the protected object with its new content")
 			}
 			ctx := cmd.Context()
-			lc, err := o.lockClient(ctx)
+			lock, err := o.attach(ctx, args[0], "write", unguarded)
 			if err != nil {
 				return err
-			}
-			lock, err := lc.Attach(ctx, args[0], lockclient.AcquireOptions{Unguarded: unguarded})
-			if err != nil {
-				return fmt.Errorf("cannot write under %s: %w (--unguarded sends the write anyway, for the webhook to judge)", args[0], explainAPI(err, "LockGrant "+args[0]))
 			}
 			defer lock.Close()
 			obj, content, err := o.target(ctx, lock.Resource(), file)
@@ -222,4 +218,17 @@ func (o *options) receiptsCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// attach follows the LockGrant name to act under it ("write", "delete").
+func (o *options) attach(ctx context.Context, name, verb string, unguarded bool) (*lockclient.Lock, error) {
+	lc, err := o.lockClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lock, err := lc.Attach(ctx, name, lockclient.AcquireOptions{Unguarded: unguarded})
+	if err != nil {
+		return nil, fmt.Errorf("cannot %s under %s: %w (--unguarded sends the %s anyway, for the webhook to judge)", verb, name, explainAPI(err, "LockGrant "+name), verb)
+	}
+	return lock, nil
 }
