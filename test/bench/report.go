@@ -26,6 +26,7 @@ type report struct {
 	Throughput *throughputResult `json:"throughput,omitempty"`
 	Webhook    *webhookResult    `json:"webhook_overhead,omitempty"`
 	Scale      *scaleResult      `json:"scale,omitempty"`
+	NonTarget  *nontargetResult  `json:"nontarget,omitempty"`
 	Targets    []target          `json:"targets"`
 }
 
@@ -62,7 +63,8 @@ func newReport(cfg *config) *report {
 		"expiries": cfg.expiries, "expiry_parallel": cfg.expiryPar, "throughput_duration": cfg.tputDuration.String(),
 		"throughput_warmup": cfg.tputWarmup.String(), "clients": cfg.clients, "contended_resources": cfg.contendedOn,
 		"rates": cfg.rates, "webhook_samples": cfg.webhookSamples, "scale": cfg.scaleSizes, "scale_handoffs": cfg.scaleHandoffs,
-		"scale_webhook_samples": cfg.scaleWebhook, "max_concurrent_reconciles": cfg.maxReconciles, "in_process": cfg.inProcess,
+		"scale_webhook_samples": cfg.scaleWebhook, "nontarget_entries": cfg.ntEntries, "nontarget_setup_budget": cfg.ntBudget.String(),
+		"nontarget_samples": cfg.ntSamples, "nontarget_rate": cfg.ntRate, "max_concurrent_reconciles": cfg.maxReconciles, "in_process": cfg.inProcess,
 	}
 	return r
 }
@@ -206,7 +208,10 @@ func (r *report) print(out io.Writer) {
 			}
 		}
 	}
-	section("Targets (issue 6)")
+	if x := r.NonTarget; x != nil {
+		x.print(out, section, row, func() { tw.Flush() })
+	}
+	section("Targets (issue 6; non-target: issue 10)")
 	row("target", "rule", "measured", "limit", "result")
 	for _, t := range r.Targets {
 		res := "PASS"
