@@ -30,6 +30,10 @@ type nontargetResult struct {
 	SetupBudget   string  `json:"setup_budget"`
 	SetupCutShort bool    `json:"setup_cut_short"`
 	SetupSeconds  float64 `json:"setup_seconds"`
+	// SetupError: the create that failed after retries (webhook timeouts as
+	// the namespace fills up); loading stopped there and the run measured
+	// with the entries that existed.
+	SetupError string `json:"setup_error,omitempty"`
 	// CreateFirst/CreateLast: creating one FencedResource with a target (its
 	// webhook lists the namespace's entries), over the first and the last
 	// tenth of the entries.
@@ -135,8 +139,15 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	r.NonTarget = x
 	t := time.Now()
 	names, creates, err := e.loadEntries(ctx, enrolledNS, cfg.ntEntries, cfg.ntBudget, cfg.loaders, log)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	if err != nil {
-		return err
+		x.SetupError = err.Error()
+		fmt.Fprintf(log, "   loading stopped: %v\n", err)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("no entries created: %w", err)
 	}
 	x.SetupSeconds, x.Entries = round2(time.Since(t).Seconds()), len(creates)
 	x.SetupCutShort = x.Entries < x.EntriesRequested
@@ -207,7 +218,8 @@ func entryName(i int) string { return fmt.Sprintf("nt-%05d", i) }
 // loadEntries creates FencedResources nt-00000… each with a ConfigMap target
 // (the ConfigMaps need not exist), `loaders` at a time, until n exist or the
 // budget (0: none) is spent. It returns the entries created and each
-// create's latency, in order of creation. Each create's webhook lists the namespace's entries, so the load
+// create's latency, in order of creation; a create that fails after retries
+// stops the load and is returned with what was created. Each create's webhook lists the namespace's entries, so the load
 // is quadratic in n (issue 11).
 func (e *env) loadEntries(ctx context.Context, ns string, n int, budget time.Duration, loaders int, log io.Writer) ([]string, []time.Duration, error) {
 	start := time.Now()
@@ -219,14 +231,17 @@ func (e *env) loadEntries(ctx context.Context, ns string, n int, budget time.Dur
 		names   []string
 		wg      sync.WaitGroup
 	)
-	errs := make(chan error, loaders)
+	var (
+		stop     atomic.Bool
+		firstErr error
+	)
 	for l := 0; l < loaders; l++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil || (budget > 0 && time.Since(start) > budget) {
+				if i >= n || ctx.Err() != nil || stop.Load() || (budget > 0 && time.Since(start) > budget) {
 					return
 				}
 				t := time.Now()
@@ -234,7 +249,12 @@ func (e *env) loadEntries(ctx context.Context, ns string, n int, budget time.Dur
 				if err := retry(ctx, func() error {
 					return client.IgnoreAlreadyExists(e.fencedResource(ctx, ns, name, 3600, name+"-cm"))
 				}); err != nil {
-					errs <- fmt.Errorf("create FencedResource %s: %w", name, err)
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("create FencedResource %s after %s: %w", name, time.Since(t).Round(time.Millisecond), err)
+					}
+					mu.Unlock()
+					stop.Store(true)
 					return
 				}
 				d := time.Since(t)
@@ -251,10 +271,8 @@ func (e *env) loadEntries(ctx context.Context, ns string, n int, budget time.Dur
 	defer tick.Stop()
 	for {
 		select {
-		case err := <-errs:
-			return nil, nil, err
 		case <-finished:
-			return names, creates, nil
+			return names, creates, firstErr
 		case <-tick.C:
 			fmt.Fprintf(log, "   … %d of %d entries (%.0fs)\n", done.Load(), n, time.Since(start).Seconds())
 		case <-ctx.Done():
@@ -331,6 +349,9 @@ func (x *nontargetResult) print(out io.Writer, section func(string), row func(..
 	kind("(c) protected (fenced)", x.Protected)
 	kind("(d) registry GET (a FencedResource)", x.RegistryGet)
 	flush()
+	if x.SetupError != "" {
+		fmt.Fprintf(out, "setup stopped by a failed create: %s\n", x.SetupError)
+	}
 	fmt.Fprintf(out, "setup: %d entries in %s s; FencedResource+target create p50/p99 %s/%s ms (first tenth), %s/%s ms (last tenth)\n",
 		x.Entries, fmtF(x.SetupSeconds), fmtF(x.CreateFirst.P50), fmtF(x.CreateFirst.P99), fmtF(x.CreateLast.P50), fmtF(x.CreateLast.P99))
 	fmt.Fprintf(out, "vprotected-enrolled UPDATE calls while measuring: %.0f (API server's view p50≈%s ms, p99≈%s ms); operator NOT_PROTECTED decisions: %.0f\n",
