@@ -181,6 +181,7 @@ func (r *report) print(out io.Writer) {
 			row(x.Rate, "protected (fenced)", x.Protected.N, x.Protected.P50, x.Protected.P90, x.Protected.P99, x.Protected.Max, x.P99Ratio)
 		}
 		tw.Flush()
+		fmt.Fprintln(out, "  unprotected: the twin without the protected label; in this namespace (it holds FencedResources) it still calls the webhook, which GETs the entry its copied annotation names — section 6 has writes the webhook never sees")
 		fmt.Fprintf(out, "webhook handler (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
 		fmt.Fprintf(out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
 		fmt.Fprintf(out, "  (both interpolated within coarse histogram buckets)\n")

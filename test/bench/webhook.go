@@ -48,8 +48,11 @@ type webhookRate struct {
 
 // fencedPair is a protected ConfigMap written under a held grant, and an
 // unprotected twin that receives byte-for-byte the same kind of update
-// (same data, same annotations, only without the protected label, so the
-// webhook's objectSelector leaves it alone).
+// (same data, same annotations, only without the protected label). The twin
+// is nobody's target, but its namespace holds FencedResources, so
+// vprotected-enrolled still sends its writes to the webhook, which GETs the
+// entry its copied fencekeeper.dev/resource annotation names (section 6,
+// nontarget.go, measures writes the webhook never sees).
 type fencedPair struct {
 	kube client.Client
 	lock *lockclient.Lock
