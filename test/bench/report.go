@@ -63,7 +63,7 @@ func newReport(cfg *config) *report {
 		"expiries": cfg.expiries, "expiry_parallel": cfg.expiryPar, "throughput_duration": cfg.tputDuration.String(),
 		"throughput_warmup": cfg.tputWarmup.String(), "clients": cfg.clients, "contended_resources": cfg.contendedOn,
 		"rates": cfg.rates, "webhook_samples": cfg.webhookSamples, "scale": cfg.scaleSizes, "scale_handoffs": cfg.scaleHandoffs,
-		"scale_webhook_samples": cfg.scaleWebhook, "nontarget_entries": cfg.ntEntries, "nontarget_setup_budget": cfg.ntBudget.String(),
+		"scale_webhook_samples": cfg.scaleWebhook, "nontarget_entries": cfg.ntEntries, "nontarget_setup_budget": cfg.ntBudget.String(), "nontarget_fill": cfg.ntFill,
 		"nontarget_samples": cfg.ntSamples, "nontarget_rate": cfg.ntRate, "max_concurrent_reconciles": cfg.maxReconciles, "in_process": cfg.inProcess,
 	}
 	return r
