@@ -1,7 +1,8 @@
 // Command bench measures fencekeeper against raw baselines on one embedded
 // control plane (etcd + kube-apiserver from bin/k8s) with the real operator:
 // release and expiry handoff, acquire/release throughput, the acceptance
-// webhook's overhead and scale to 10,000 FencedResources. It prints a table,
+// webhook's overhead, scale to 10,000 FencedResources and what registry-keyed
+// protection costs writes to non-targets (issue 10). It prints a table,
 // writes a JSON file and judges the targets of issue 6 (PASS/FAIL); the
 // ratios are taken within one run, so a slow or busy machine slows both sides.
 //
