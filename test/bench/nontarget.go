@@ -140,33 +140,9 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	}
 	x := &nontargetResult{EntriesRequested: cfg.ntEntries, SetupBudget: cfg.ntBudget.String(), Rate: cfg.ntRate}
 	r.NonTarget = x
-	t := time.Now()
-	names, creates, err := e.loadEntries(ctx, enrolledNS, "nt-", cfg.ntEntries, cfg.ntBudget, true, cfg.loaders, log)
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
+	names, err := x.fill(ctx, e, cfg, enrolledNS, log)
 	if err != nil {
-		x.SetupError = err.Error()
-		fmt.Fprintf(log, "   loading stopped: %v\n", err)
-	}
-	if len(names) == 0 {
-		return fmt.Errorf("no entries created: %w", err)
-	}
-	x.SetupSeconds, x.Entries = round2(time.Since(t).Seconds()), len(creates)
-	x.SetupCutShort = x.Entries < x.EntriesRequested
-	tenth := max(1, len(creates)/10)
-	x.CreateFirst, x.CreateLast = summarize(creates[:tenth]), summarize(creates[len(creates)-tenth:])
-	fmt.Fprintf(log, "   %d of %d entries with a target in %.0fs (FencedResource+target create p50 %s ms first tenth, %s ms last tenth)\n",
-		x.Entries, x.EntriesRequested, x.SetupSeconds, fmtF(x.CreateFirst.P50), fmtF(x.CreateLast.P50))
-	if fill := cfg.ntEntries - len(names); cfg.ntFill && fill > 0 {
-		t := time.Now()
-		more, _, err := e.loadEntries(ctx, enrolledNS, "nu-", fill, 0, false, cfg.loaders, log)
-		if err != nil {
-			return fmt.Errorf("entries without a target: %w", err)
-		}
-		x.Untargeted, x.FillSeconds = len(more), round2(time.Since(t).Seconds())
-		names = append(names, more...)
-		fmt.Fprintf(log, "   %d entries without a target in %.0fs\n", x.Untargeted, x.FillSeconds)
+		return err
 	}
 	if err := e.operatorIdle(ctx, time.Minute); err != nil {
 		fmt.Fprintf(log, "   %v; measuring anyway\n", err)
@@ -195,6 +171,51 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	}
 	x.Unprotected, x.NonTarget, x.NamesEntry, x.Protected, x.RegistryGet =
 		summarize(out[0]), summarize(out[1]), summarize(out[2]), summarize(out[3]), summarize(out[4])
+	x.webhookEvidence(ctx, e, opBefore, apiBefore)
+	x.judge(r)
+	fmt.Fprintf(log, "   p99 ms: unprotected %s, non-target %s, naming an entry %s, protected %s, registry GET %s\n",
+		fmtF(x.Unprotected.P99), fmtF(x.NonTarget.P99), fmtF(x.NamesEntry.P99), fmtF(x.Protected.P99), fmtF(x.RegistryGet.P99))
+	return nil
+}
+
+// fill creates the enrolled namespace's entries (see loadEntries): with a
+// target until the budget is spent, then, with -nontarget-fill, without one
+// up to -nontarget-entries. It returns the names of all of them.
+func (x *nontargetResult) fill(ctx context.Context, e *env, cfg *config, ns string, log io.Writer) ([]string, error) {
+	t := time.Now()
+	names, creates, err := e.loadEntries(ctx, ns, "nt-", cfg.ntEntries, cfg.ntBudget, true, cfg.loaders, log)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		x.SetupError = err.Error()
+		fmt.Fprintf(log, "   loading stopped: %v\n", err)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("no entries created: %w", err)
+	}
+	x.SetupSeconds, x.Entries = round2(time.Since(t).Seconds()), len(creates)
+	x.SetupCutShort = x.Entries < x.EntriesRequested
+	tenth := max(1, len(creates)/10)
+	x.CreateFirst, x.CreateLast = summarize(creates[:tenth]), summarize(creates[len(creates)-tenth:])
+	fmt.Fprintf(log, "   %d of %d entries with a target in %.0fs (FencedResource+target create p50 %s ms first tenth, %s ms last tenth)\n",
+		x.Entries, x.EntriesRequested, x.SetupSeconds, fmtF(x.CreateFirst.P50), fmtF(x.CreateLast.P50))
+	if fill := cfg.ntEntries - len(names); cfg.ntFill && fill > 0 {
+		t := time.Now()
+		more, _, err := e.loadEntries(ctx, ns, "nu-", fill, 0, false, cfg.loaders, log)
+		if err != nil {
+			return nil, fmt.Errorf("entries without a target: %w", err)
+		}
+		x.Untargeted, x.FillSeconds = len(more), round2(time.Since(t).Seconds())
+		names = append(names, more...)
+		fmt.Fprintf(log, "   %d entries without a target in %.0fs\n", x.Untargeted, x.FillSeconds)
+	}
+	return names, nil
+}
+
+// webhookEvidence records, from the API server's and the operator's metrics,
+// that the enrolled namespace's non-targets reached the webhook.
+func (x *nontargetResult) webhookEvidence(ctx context.Context, e *env, opBefore, apiBefore string) {
 	if apiAfter, err := e.apiserverMetrics(ctx); err == nil {
 		h := histogramDelta(apiAfter, apiBefore, "apiserver_admission_webhook_admission_duration_seconds",
 			`name="vprotected-enrolled.fencekeeper.dev"`, `operation="UPDATE"`)
@@ -206,10 +227,6 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	if opAfter, err := e.op.Metrics(ctx); err == nil {
 		x.NotProtected = counterDelta(opAfter, opBefore, "fencekeeper_admission_decisions_total", `verdict="NOT_PROTECTED"`)
 	}
-	x.judge(r)
-	fmt.Fprintf(log, "   p99 ms: unprotected %s, non-target %s, naming an entry %s, protected %s, registry GET %s\n",
-		fmtF(x.Unprotected.P99), fmtF(x.NonTarget.P99), fmtF(x.NamesEntry.P99), fmtF(x.Protected.P99), fmtF(x.RegistryGet.P99))
-	return nil
 }
 
 // judge: a non-target in an enrolled namespace may cost what one webhook
