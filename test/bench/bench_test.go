@@ -39,7 +39,7 @@ func TestQuickBench(t *testing.T) {
 			t.Errorf("%s: got %v, want a measured figure", what, v)
 		}
 	}
-	if rep.Handoff == nil || rep.Expiry == nil || rep.Throughput == nil || rep.Webhook == nil || rep.Micro == nil || rep.Scale == nil {
+	if rep.Handoff == nil || rep.Expiry == nil || rep.Throughput == nil || rep.Webhook == nil || rep.Micro == nil || rep.Scale == nil || rep.NonTarget == nil {
 		t.Fatalf("a section is missing: %s", raw)
 	}
 	positive("fencekeeper handoff p99", rep.Handoff.Fencekeeper.P99)
@@ -61,7 +61,18 @@ func TestQuickBench(t *testing.T) {
 		positive("operator RSS", s.OperatorRSSMiB)
 		positive("scale handoff p99", s.Handoff.P99)
 	}
-	if len(rep.Targets) != 7 {
-		t.Errorf("%d targets judged, want 7 (handoff, expiry, throughput, webhook at one rate, scale ×3)", len(rep.Targets))
+	nt := rep.NonTarget
+	positive("non-target entries", float64(nt.Entries))
+	positive("unprotected (plain namespace) p99", nt.Unprotected.P99)
+	positive("non-target p99", nt.NonTarget.P99)
+	positive("non-target naming an entry p99", nt.NamesEntry.P99)
+	positive("protected p99", nt.Protected.P99)
+	positive("registry GET p99", nt.RegistryGet.P99)
+	// The enrolled namespace's non-targets must have reached the webhook,
+	// or (b) measured nothing but (a) again.
+	positive("vprotected-enrolled calls", nt.EnrolledCalls)
+	positive("NOT_PROTECTED decisions", nt.NotProtected)
+	if len(rep.Targets) != 8 {
+		t.Errorf("%d targets judged, want 8 (handoff, expiry, throughput, webhook at one rate, scale ×3, non-target)", len(rep.Targets))
 	}
 }

@@ -1,7 +1,8 @@
 // Command bench measures fencekeeper against raw baselines on one embedded
 // control plane (etcd + kube-apiserver from bin/k8s) with the real operator:
 // release and expiry handoff, acquire/release throughput, the acceptance
-// webhook's overhead and scale to 10,000 FencedResources. It prints a table,
+// webhook's overhead, scale to 10,000 FencedResources and what registry-keyed
+// protection costs writes to non-targets (issue 10). It prints a table,
 // writes a JSON file and judges the targets of issue 6 (PASS/FAIL); the
 // ratios are taken within one run, so a slow or busy machine slows both sides.
 //
@@ -57,6 +58,10 @@ type config struct {
 	scaleHandoffs        int
 	scaleWebhook         int
 	loaders              int
+	ntEntries, ntSamples int
+	ntBudget             time.Duration
+	ntFill               bool
+	ntRate               float64
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -69,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.maxReconciles, "max-concurrent-reconciles", 4, "The operator's --max-concurrent-reconciles (cmd/manager's default is 4).")
 	fs.StringVar(&c.out, "out", "bin/bench/results.json", "Where to write the JSON results (relative to the repository root).")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "Write a CPU profile of this process (with -in-process it includes the operator).")
-	fs.StringVar(&only, "only", "", "Comma-separated phases to run (handoff,expiry,throughput,webhook,micro,scale); default all.")
+	fs.StringVar(&only, "only", "", "Comma-separated phases to run (handoff,expiry,throughput,webhook,micro,scale,nontarget); default all.")
 	fs.BoolVar(&c.dumpMetrics, "dump-metrics", false, "Write the operator's and the API server's Prometheus metrics to bin/bench/*-metrics.txt at the end (for diagnosis).")
 	fs.StringVar(&c.profilePhase, "profile-phase", "", "Capture CPU profiles (kube-apiserver's /debug/pprof, the operator's when -in-process, and etcd's /debug/pprof) while this phase runs.")
 	fs.StringVar(&c.profileDir, "profile-dir", "bin/bench/profiles", "Where -profile-phase writes its profiles.")
@@ -90,6 +95,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 200, "Release handoffs measured at each scale size.")
 	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 200, "Protected and unprotected updates measured at each scale size.")
 	fs.IntVar(&c.loaders, "loaders", 8, "Parallel clients creating the scale runs' FencedResources and grants.")
+	fs.IntVar(&c.ntEntries, "nontarget-entries", 10000, "FencedResources (each with a ConfigMap target) in the enrolled namespace of the non-target run.")
+	fs.DurationVar(&c.ntBudget, "nontarget-setup-budget", 5*time.Minute, "Stop creating the non-target run's entries after this long and measure with what exists (0: create them all; 10,000 takes far longer, see docs/performance.md).")
+	fs.BoolVar(&c.ntFill, "nontarget-fill", true, "When the setup budget ends the non-target run's load early, add entries without a target (admitted without a list) up to -nontarget-entries.")
+	fs.IntVar(&c.ntSamples, "nontarget-samples", 400, "Requests measured per kind in the non-target run (unprotected, non-target, non-target naming an entry, protected, registry GET).")
+	fs.Float64Var(&c.ntRate, "nontarget-rate", 100, "Requests/s of the non-target run, all five kinds together.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -114,6 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		def("scale", func() { sizes = "20,60" })
 		def("scale-handoffs", func() { c.scaleHandoffs = 10 })
 		def("scale-webhook-samples", func() { c.scaleWebhook = 10 })
+		def("nontarget-entries", func() { c.ntEntries = 40 })
+		def("nontarget-samples", func() { c.ntSamples = 20 })
 	}
 	var err error
 	if c.rates, err = parseList(rates, strconv.ParseFloat); err != nil {
@@ -256,6 +268,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) (*report, error) {
 		{"throughput", func() error { return rep.throughput(ctx, e, cfg, log) }},
 		{"webhook", func() error { return rep.webhook(ctx, e, cfg, log) }},
 		{"scale", func() error { return rep.scale(ctx, e, cfg, log) }},
+		{"nontarget", func() error { return rep.nontarget(ctx, e, cfg, log) }},
 	} {
 		if err := phase(p.name, p.f); err != nil {
 			rep.finish(start)

@@ -26,6 +26,7 @@ type report struct {
 	Throughput *throughputResult `json:"throughput,omitempty"`
 	Webhook    *webhookResult    `json:"webhook_overhead,omitempty"`
 	Scale      *scaleResult      `json:"scale,omitempty"`
+	NonTarget  *nontargetResult  `json:"nontarget,omitempty"`
 	Targets    []target          `json:"targets"`
 }
 
@@ -62,7 +63,8 @@ func newReport(cfg *config) *report {
 		"expiries": cfg.expiries, "expiry_parallel": cfg.expiryPar, "throughput_duration": cfg.tputDuration.String(),
 		"throughput_warmup": cfg.tputWarmup.String(), "clients": cfg.clients, "contended_resources": cfg.contendedOn,
 		"rates": cfg.rates, "webhook_samples": cfg.webhookSamples, "scale": cfg.scaleSizes, "scale_handoffs": cfg.scaleHandoffs,
-		"scale_webhook_samples": cfg.scaleWebhook, "max_concurrent_reconciles": cfg.maxReconciles, "in_process": cfg.inProcess,
+		"scale_webhook_samples": cfg.scaleWebhook, "nontarget_entries": cfg.ntEntries, "nontarget_setup_budget": cfg.ntBudget.String(), "nontarget_fill": cfg.ntFill,
+		"nontarget_samples": cfg.ntSamples, "nontarget_rate": cfg.ntRate, "max_concurrent_reconciles": cfg.maxReconciles, "in_process": cfg.inProcess,
 	}
 	return r
 }
@@ -179,6 +181,7 @@ func (r *report) print(out io.Writer) {
 			row(x.Rate, "protected (fenced)", x.Protected.N, x.Protected.P50, x.Protected.P90, x.Protected.P99, x.Protected.Max, x.P99Ratio)
 		}
 		tw.Flush()
+		fmt.Fprintln(out, "  unprotected: the twin without the protected label; in this namespace (it holds FencedResources) it still calls the webhook, which GETs the entry its copied annotation names — section 6 has writes the webhook never sees")
 		fmt.Fprintf(out, "webhook handler (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
 		fmt.Fprintf(out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
 		fmt.Fprintf(out, "  (both interpolated within coarse histogram buckets)\n")
@@ -206,7 +209,10 @@ func (r *report) print(out io.Writer) {
 			}
 		}
 	}
-	section("Targets (issue 6)")
+	if x := r.NonTarget; x != nil {
+		x.print(out, section, row, func() { tw.Flush() })
+	}
+	section("Targets (issue 6; non-target: issue 10)")
 	row("target", "rule", "measured", "limit", "result")
 	for _, t := range r.Targets {
 		res := "PASS"

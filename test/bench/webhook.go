@@ -48,8 +48,11 @@ type webhookRate struct {
 
 // fencedPair is a protected ConfigMap written under a held grant, and an
 // unprotected twin that receives byte-for-byte the same kind of update
-// (same data, same annotations, only without the protected label, so the
-// webhook's objectSelector leaves it alone).
+// (same data, same annotations, only without the protected label). The twin
+// is nobody's target, but its namespace holds FencedResources, so
+// vprotected-enrolled still sends its writes to the webhook, which GETs the
+// entry its copied fencekeeper.dev/resource annotation names (section 6,
+// nontarget.go, measures writes the webhook never sees).
 type fencedPair struct {
 	kube client.Client
 	lock *lockclient.Lock
@@ -135,47 +138,58 @@ func (p *fencedPair) update(ctx context.Context, kind int) (time.Duration, error
 }
 
 // interleaved sends n updates of each kind at rate (both kinds together),
-// alternating protected and unprotected and rotating over the pairs; each
-// request is issued on schedule (open loop), so a slow answer does not slow
-// the offered rate.
+// alternating protected and unprotected and rotating over the pairs (see
+// openLoop).
 func interleaved(ctx context.Context, pairs []*fencedPair, rate float64, n int) (prot, unprot []time.Duration, err error) {
+	kind := func(k int) request {
+		return func(ctx context.Context, i int) (time.Duration, error) { return pairs[i%len(pairs)].update(ctx, k) }
+	}
+	out, err := openLoop(ctx, rate, n, kind(0), kind(1))
+	return out[0], out[1], err
+}
+
+// request sends the i-th request of one kind and returns its latency.
+type request func(ctx context.Context, i int) (time.Duration, error)
+
+// openLoop sends n requests of each kind at rate (all kinds together),
+// round-robin over the kinds so every kind sees the same conditions; each
+// request is issued on schedule (open loop), so a slow answer does not slow
+// the offered rate. out[k] holds kind k's latencies; err is the first failure.
+func openLoop(ctx context.Context, rate float64, n int, kinds ...request) (out [][]time.Duration, err error) {
 	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		firstErr error
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
+	out = make([][]time.Duration, len(kinds))
 	interval := time.Duration(float64(time.Second) / rate)
 	start := time.Now()
-	for i := 0; i < 2*n; i++ {
+	for i := 0; i < len(kinds)*n; i++ {
 		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
 			select {
 			case <-ctx.Done():
-				return nil, nil, ctx.Err()
+				wg.Wait()
+				return out, ctx.Err()
 			case <-time.After(d):
 			}
 		}
-		kind, pair := i%2, pairs[(i/2)%len(pairs)]
+		k, j := i%len(kinds), i/len(kinds)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d, err := pair.update(ctx, kind)
+			d, rerr := kinds[k](ctx, j)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
-				if firstErr == nil {
-					firstErr = err
+			if rerr != nil {
+				if err == nil {
+					err = rerr
 				}
 				return
 			}
-			if kind == 0 {
-				prot = append(prot, d)
-			} else {
-				unprot = append(unprot, d)
-			}
+			out[k] = append(out[k], d)
 		}()
 	}
 	wg.Wait()
-	return prot, unprot, firstErr
+	return out, err
 }
 
 func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer) error {
