@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -13,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -27,12 +30,41 @@ type fencectlResult struct {
 	stdout, stderr string
 }
 
-// kubectlFence runs the plugin in-process as the user of cfg.
+// kubectlFence runs the plugin in-process as the user of cfg, through a
+// kubeconfig file as a person would: the flags the plugin shares with kubectl
+// (--as, --request-timeout, --context, …) act on it as they do for kubectl.
 func kubectlFence(cfg *rest.Config, args ...string) fencectlResult {
 	var out, errOut bytes.Buffer
-	code := fencectl.Run(suiteCtx, args, &out, &errOut, cfg)
+	full := append([]string{"--kubeconfig", kubeconfigFor(cfg)}, args...)
+	if len(args) > 0 && args[0] == "__complete" {
+		// As kubectl_complete-fence is called: __complete first.
+		full = append([]string{"__complete", "--kubeconfig", kubeconfigFor(cfg)}, args[1:]...)
+	}
+	code := fencectl.Run(suiteCtx, full, &out, &errOut, nil)
 	GinkgoWriter.Printf("$ kubectl fence %v → %d\n%s%s", args, code, out.String(), errOut.String())
 	return fencectlResult{code, out.String(), errOut.String()}
+}
+
+var kubeconfigs sync.Map // *rest.Config → path
+
+// kubeconfigFor writes (once) a kubeconfig file with cfg's server and client
+// certificate, its context's namespace left unset.
+func kubeconfigFor(cfg *rest.Config) string {
+	GinkgoHelper()
+	if p, ok := kubeconfigs.Load(cfg); ok {
+		return p.(string)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
+	kc.CurrentContext = "envtest"
+	dir, err := os.MkdirTemp("", "kubeconfig-")
+	Expect(err).NotTo(HaveOccurred())
+	p := filepath.Join(dir, "config")
+	Expect(clientcmd.WriteToFile(*kc, p)).To(Succeed())
+	kubeconfigs.Store(cfg, p)
+	return p
 }
 
 // json decodes the output of a run that succeeded.
