@@ -68,12 +68,8 @@ It exits 1 when it finds a gap.`,
 			if err != nil {
 				return err
 			}
-			if o.output == "json" {
-				if err := o.json(rep); err != nil {
-					return err
-				}
-			} else {
-				o.printAudit(rep)
+			if err := o.emit(rep, nil, func(wide bool) error { return o.printAudit(rep, wide) }); err != nil {
+				return err
 			}
 			if rep.Gaps > 0 {
 				fmt.Fprintf(o.stderr, "audit found %d gap(s)\n", rep.Gaps)
@@ -84,16 +80,22 @@ It exits 1 when it finds a gap.`,
 	}
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "Audit every namespace.")
 	cmd.Flags().BoolVar(&requireEnforce, "require-enforce", false, "Count Shadow enforcement as a gap.")
+	o.addOutputFlags(cmd, supportsWide)
 	return cmd
 }
 
-func (o *options) printAudit(rep auditReport) {
+// printAudit prints the audit table; wide adds the API version and whether
+// the object exists.
+func (o *options) printAudit(rep auditReport, wide bool) error {
 	if len(rep.Objects) == 0 {
 		o.printf("No protected objects and no FencedResource targets found.\n")
-		return
+		return nil
 	}
-	tw := o.table("NAMESPACE", "OBJECT", "FENCEDRESOURCE", "ENFORCEMENT", "WEBHOOK", "RESULT")
-	defer tw.Flush()
+	header := []string{"NAMESPACE", "OBJECT", "FENCEDRESOURCE", "ENFORCEMENT", "WEBHOOK", "RESULT"}
+	if wide {
+		header = []string{"NAMESPACE", "OBJECT", "APIVERSION", "EXISTS", "FENCEDRESOURCE", "ENFORCEMENT", "WEBHOOK", "RESULT"}
+	}
+	tw := o.table(header...)
 	for _, r := range rep.Objects {
 		result := "ok"
 		if len(r.Gaps) > 0 {
@@ -101,16 +103,24 @@ func (o *options) printAudit(rep auditReport) {
 		} else if !r.Exists {
 			result = "ok (not created yet)"
 		}
-		webhook := "no"
-		if r.WebhookCovers {
-			webhook = "yes"
-		}
 		fr, enf := r.FencedResource, string(r.Enforcement)
 		if fr == "" {
 			fr, enf = "-", "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Object, fr, enf, webhook, result)
+		cols := []string{r.Namespace, r.Object, fr, enf, yesNo(r.WebhookCovers), result}
+		if wide {
+			cols = []string{r.Namespace, r.Object, r.APIVersion, yesNo(r.Exists), fr, enf, yesNo(r.WebhookCovers), result}
+		}
+		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	}
+	return tw.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 // audit gathers protected objects and targets in ns ("" = all namespaces).

@@ -29,8 +29,9 @@ delete first commits the next segment of the operation with the same
 content and intent "delete", then deletes the object with the
 resourceVersion that segment wrote as precondition. If anything wrote the
 object in between, nothing is deleted.`,
-		Example: `  kubectl fence delete invoice-batch-2026-07-19-3f2a... -n billing`,
-		Args:    exactArgs("LOCKGRANT"),
+		Example:           `  kubectl fence delete invoice-batch-2026-07-19-3f2a... -n billing`,
+		Args:              exactArgs("LOCKGRANT"),
+		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			lock, err := o.attach(ctx, args[0], "delete", unguarded)
@@ -49,21 +50,21 @@ object in between, nothing is deleted.`,
 			r, err := lock.Operation(operation).Delete(ctx, obj)
 			if err == nil {
 				res.Verdict, res.Segment, res.Payload, res.Receipt = fence.Accepted, r.Segment, r.Payload, r.Receipt
-				if o.output == "json" {
-					return o.json(res)
-				}
-				o.printf("%s deleted: delete intent in fence %d, segment %d of operation %s\nreceipt %s\n", res.Object, res.Fence, res.Segment, operation, res.Receipt)
-				return nil
+				return o.emit(res, nil, func(bool) error {
+					o.printf("%s deleted: delete intent in fence %d, segment %d of operation %s\nreceipt %s\n", res.Object, res.Fence, res.Segment, operation, res.Receipt)
+					return nil
+				})
 			}
 			return o.deleteFailed(res, err)
 		},
 	}
 	cmd.Flags().BoolVar(&unguarded, "unguarded", false, "Send the intent and the delete even if the grant is known to have ended, to see the acceptance webhook refuse them (testing; never for real work).")
 	cmd.Flags().StringVar(&operation, "operation", "", "Operation ID (default: one per grant); the delete intent is its next segment.")
+	o.addOutputFlags(cmd)
 	return cmd
 }
 
-// deleteFailed reports a denied or refused delete: JSON or text with what to do.
+// deleteFailed reports a denied or refused delete: the -o document, or text with what to do.
 func (o *options) deleteFailed(res writeResult, err error) error {
 	switch d, denied := lockclient.AsDenial(err); {
 	case denied:
@@ -75,8 +76,8 @@ func (o *options) deleteFailed(res writeResult, err error) error {
 	default:
 		return err
 	}
-	if o.output == "json" {
-		_ = o.json(res)
+	if o.format.structured() {
+		_ = o.emit(res, nil, nil)
 		return exitError{1}
 	}
 	if res.Verdict == "" {

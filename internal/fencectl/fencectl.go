@@ -6,7 +6,6 @@ package fencectl
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,13 +13,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-
 	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -30,10 +28,10 @@ type exitError struct{ code int }
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 // Run executes the plugin with args (without the program name) and returns
-// its exit code. With a nil config the kubeconfig flags and files decide, as
-// for kubectl.
-func Run(ctx context.Context, args []string, stdout, stderr io.Writer, config *rest.Config) int {
-	cmd := newRoot(stdout, stderr, config)
+// its exit code. The connection comes from kubectl's flags and kubeconfig
+// files (--kubeconfig, --context, -n, --as, --request-timeout, …).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := newRoot(stdout, stderr)
 	cmd.SetArgs(args)
 	err := cmd.ExecuteContext(ctx)
 	var exit exitError
@@ -51,16 +49,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, config *r
 // options are the flags every command shares.
 type options struct {
 	stdout, stderr io.Writer
-	config         *rest.Config
-	kubeconfig     clientcmd.ClientConfig
-	overrides      clientcmd.ConfigOverrides
-	loading        *clientcmd.ClientConfigLoadingRules
-	namespace      string
-	output         string
+	// flags are kubectl's connection flags, read as kubectl reads them.
+	flags *genericclioptions.ConfigFlags
+	// print are kubectl's output flags; format is their parsed value.
+	print  *genericclioptions.PrintFlags
+	format format
 }
 
-func newRoot(stdout, stderr io.Writer, config *rest.Config) *cobra.Command {
-	o := &options{stdout: stdout, stderr: stderr, config: config, loading: clientcmd.NewDefaultClientConfigLoadingRules()}
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	o := &options{stdout: stdout, stderr: stderr, flags: genericclioptions.NewConfigFlags(true), print: newPrintFlags()}
 	root := &cobra.Command{
 		Use:               "fence",
 		Annotations:       map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl fence"},
@@ -70,55 +67,39 @@ func newRoot(stdout, stderr io.Writer, config *rest.Config) *cobra.Command {
 
 A grant is permission to attempt; the protected write is checked by the
 acceptance webhook against the grant's signature and fence token. A stale
-owner's write is refused with STALE_OWNER.`,
+owner's write is refused with STALE_OWNER.
+
+The connection flags (--kubeconfig, --context, -n, --as, --as-group,
+--request-timeout, --server, …) and the output flags (-o json|yaml|name|
+wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			grantCmd := cmd.Name() == "acquire" || cmd.Name() == "renew" || cmd.Name() == "release"
-			switch {
-			case o.output == "" || o.output == "json":
-			case o.output == "name" && grantCmd:
-			case o.output == "name":
-				return fmt.Errorf("-o name prints a LockGrant name: only acquire, renew and release have one (use -o json)")
-			default:
-				return fmt.Errorf("unknown output format %q: use -o json, -o name (acquire, renew, release), or leave -o out for text", o.output)
-			}
-			return nil
+			return o.checkOutput(cmd)
 		},
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	f := root.PersistentFlags()
-	f.StringVar(&o.loading.ExplicitPath, "kubeconfig", "", "Path to the kubeconfig file.")
-	f.StringVar(&o.overrides.CurrentContext, "context", "", "The kubeconfig context to use.")
-	f.StringVarP(&o.namespace, "namespace", "n", "", "Namespace of the FencedResources and LockGrants (default: the context's).")
-	f.StringVarP(&o.output, "output", "o", "", "Output format: json, or name (the LockGrant name: acquire, renew, release); default text.")
-	o.kubeconfig = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(o.loading, &o.overrides)
-	root.AddCommand(o.acquireCmd(), o.renewCmd(), o.releaseCmd(), o.statusCmd(), o.writeCmd(), o.deleteCmd(), o.receiptsCmd(), o.auditCmd())
+	o.flags.AddFlags(root.PersistentFlags())
+	o.registerFlagCompletions(root)
+	root.AddCommand(o.acquireCmd(), o.renewCmd(), o.releaseCmd(), o.statusCmd(), o.writeCmd(), o.deleteCmd(), o.receiptsCmd(), o.auditCmd(),
+		completionCmd(root, stdout))
 	return root
 }
 
-// restConfig is the API server connection: the given one, or the kubeconfig's.
+// restConfig is the API server connection the flags and kubeconfig describe.
 func (o *options) restConfig() (*rest.Config, error) {
-	if o.config != nil {
-		return rest.CopyConfig(o.config), nil
-	}
-	cfg, err := o.kubeconfig.ClientConfig()
+	cfg, err := o.flags.ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("no usable kubeconfig (set KUBECONFIG or --kubeconfig; with make dev, run the export line it prints): %w", err)
 	}
 	return cfg, nil
 }
 
-// ns is the namespace the command works in.
+// ns is the namespace the command works in: -n, else the context's, else default.
 func (o *options) ns() string {
-	if o.namespace != "" {
-		return o.namespace
-	}
-	if o.config == nil {
-		if ns, _, err := o.kubeconfig.Namespace(); err == nil && ns != "" {
-			return ns
-		}
+	if ns, _, err := o.flags.ToRawKubeConfigLoader().Namespace(); err == nil && ns != "" {
+		return ns
 	}
 	return "default"
 }
@@ -139,11 +120,18 @@ func (o *options) lockClient(ctx context.Context) (*lockclient.Client, error) {
 	return lockclient.NewForConfig(ctx, cfg, o.ns())
 }
 
-// json prints v as indented JSON.
-func (o *options) json(v any) error {
-	enc := json.NewEncoder(o.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+// waitLimit bounds a command's wait (--timeout) by --request-timeout when
+// that is shorter: as for kubectl get --watch, the request timeout ends a
+// watch. It returns the bound and the flag that set it, for the error.
+func (o *options) waitLimit(timeout time.Duration) (time.Duration, string, error) {
+	cfg, err := o.restConfig()
+	if err != nil {
+		return 0, "", err
+	}
+	if cfg.Timeout > 0 && cfg.Timeout < timeout {
+		return cfg.Timeout, "--request-timeout", nil
+	}
+	return timeout, "--timeout", nil
 }
 
 func (o *options) printf(format string, args ...any) { fmt.Fprintf(o.stdout, format, args...) }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -49,14 +50,36 @@ func viewOf(lg *locksv1.LockGrant) grantView {
 	return v
 }
 
-func (o *options) printGrant(v grantView) error {
-	switch o.output {
-	case "json":
-		return o.json(v)
-	case "name":
-		o.printf("%s\n", v.Name)
-		return nil
+// grantDoc is what the grant commands print with -o json, yaml, jsonpath
+// and go-template: the flat summary fields scripts have always parsed, then
+// the LockGrant as kubectl get shows it (so {.status.phase} works too).
+type grantDoc struct {
+	metav1.TypeMeta `json:",inline"`
+	grantView
+	ObjectMeta metav1.ObjectMeta       `json:"metadata"`
+	Spec       locksv1.LockGrantSpec   `json:"spec"`
+	Status     locksv1.LockGrantStatus `json:"status"`
+}
+
+// lockGrantName is kubectl's -o name for a LockGrant.
+func lockGrantName(name string) string {
+	return "lockgrant." + locksv1.GroupVersion.Group + "/" + name
+}
+
+func (o *options) printGrant(lg *locksv1.LockGrant) error {
+	v := viewOf(lg)
+	doc := grantDoc{TypeMeta: metav1.TypeMeta{APIVersion: locksv1.GroupVersion.String(), Kind: "LockGrant"},
+		grantView: v, ObjectMeta: *lg.ObjectMeta.DeepCopy(), Spec: lg.Spec, Status: lg.Status}
+	if !o.print.JSONYamlPrintFlags.ShowManagedFields {
+		doc.ObjectMeta.ManagedFields = nil
 	}
+	return o.emit(doc, []string{lockGrantName(v.Name)}, func(bool) error {
+		o.printGrantText(v)
+		return nil
+	})
+}
+
+func (o *options) printGrantText(v grantView) {
 	switch v.Phase {
 	case locksv1.PhaseHeld:
 		o.printf("LockGrant %s is Held by %s: fence %d on %s, expires %s (%s).\n", v.Name, v.Owner, v.Fence, v.Resource,
@@ -68,7 +91,6 @@ func (o *options) printGrant(v grantView) error {
 		}
 		o.printf("\n")
 	}
-	return nil
 }
 
 func (o *options) acquireCmd() *cobra.Command {
@@ -83,10 +105,15 @@ and waits (watching, FIFO behind earlier requests) until it is Held.
 The lease runs on the issuer's clock: renew it with 'kubectl fence renew'
 before it expires, or it ends and the next waiter gets a higher fence.
 Running acquire again with the same --request-id finds the same request.`,
-		Example: `  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42`,
-		Args:    exactArgs("FENCEDRESOURCE"),
+		Example:           `  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42`,
+		Args:              exactArgs("FENCEDRESOURCE"),
+		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			limit, limitFlag, err := o.waitLimit(timeout)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), limit)
 			defer cancel()
 			lc, err := o.lockClient(ctx)
 			if err != nil {
@@ -97,9 +124,10 @@ Running acquire again with the same --request-id finds the same request.`,
 			}
 			lock, err := lc.Acquire(ctx, args[0], opts)
 			if err != nil {
-				if errors.Is(err, context.DeadlineExceeded) {
-					return fmt.Errorf("not granted within %s: LockGrant %s is still queued; run the same command with --request-id %s to keep waiting, or 'kubectl fence release %s' to withdraw",
-						timeout, lockclient.GrantName(args[0], opts.RequestID), opts.RequestID, lockclient.GrantName(args[0], opts.RequestID))
+				// The deadline, or the client's request timeout ending a watch.
+				if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+					return fmt.Errorf("not granted within %s (%s): LockGrant %s is still queued; run the same command with --request-id %s to keep waiting, or 'kubectl fence release %s' to withdraw",
+						limit, limitFlag, lockclient.GrantName(args[0], opts.RequestID), opts.RequestID, lockclient.GrantName(args[0], opts.RequestID))
 				}
 				return explainAPI(err, "FencedResource "+args[0])
 			}
@@ -113,10 +141,10 @@ Running acquire again with the same --request-id finds the same request.`,
 			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: o.ns(), Name: lock.Name()}, &lg); err != nil {
 				return err
 			}
-			if err := o.printGrant(viewOf(&lg)); err != nil {
+			if err := o.printGrant(&lg); err != nil {
 				return err
 			}
-			if o.output == "" {
+			if o.format.kind == outText {
 				o.printf("Next: kubectl fence write %s -f FILE · kubectl fence renew %s · kubectl fence release %s\n", lg.Name, lg.Name, lg.Name)
 			}
 			return nil
@@ -127,18 +155,24 @@ Running acquire again with the same --request-id finds the same request.`,
 	f.StringVar(&opts.Lease, "lease", "", "Holder session ID (default: derived from the request ID).")
 	f.StringVar(&opts.OperationRoot, "operation-root", "", "sha256:<hex> of the planned operation (default: derived from the request ID).")
 	f.StringVar(&opts.OperationCategory, "category", "", "Operation category, when the FencedResource restricts them.")
-	f.DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the grant.")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the grant (a shorter --request-timeout ends the wait sooner).")
+	o.addOutputFlags(cmd, supportsName)
 	return cmd
 }
 
 func (o *options) renewCmd() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "renew LOCKGRANT",
-		Short: "Renew a held grant's lease (the issuer applies it only before expiry)",
-		Args:  exactArgs("LOCKGRANT"),
+		Use:               "renew LOCKGRANT",
+		Short:             "Renew a held grant's lease (the issuer applies it only before expiry)",
+		Args:              exactArgs("LOCKGRANT"),
+		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			limit, _, err := o.waitLimit(timeout)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), limit)
 			defer cancel()
 			var want int64
 			lg, err := o.updateGrant(ctx, args[0], func(lg *locksv1.LockGrant) error {
@@ -156,27 +190,33 @@ func (o *options) renewCmd() *cobra.Command {
 				return lg.Status.Phase != locksv1.PhaseHeld || lg.Status.ObservedRenewals >= want
 			})
 			if err != nil {
-				return fmt.Errorf("renewal of %s sent but not confirmed within %s (ownership unknown): %w", args[0], timeout, err)
+				return fmt.Errorf("renewal of %s sent but not confirmed within %s (ownership unknown): %w", args[0], limit, err)
 			}
 			if lg.Status.Phase != locksv1.PhaseHeld {
-				_ = o.printGrant(viewOf(lg))
+				_ = o.printGrant(lg)
 				return exitError{1}
 			}
-			return o.printGrant(viewOf(lg))
+			return o.printGrant(lg)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "How long to wait for the issuer to confirm.")
+	o.addOutputFlags(cmd, supportsName)
 	return cmd
 }
 
 func (o *options) releaseCmd() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "release LOCKGRANT",
-		Short: "Release a grant (or withdraw a queued request); the next waiter gets fence+1",
-		Args:  exactArgs("LOCKGRANT"),
+		Use:               "release LOCKGRANT",
+		Short:             "Release a grant (or withdraw a queued request); the next waiter gets fence+1",
+		Args:              exactArgs("LOCKGRANT"),
+		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			limit, _, err := o.waitLimit(timeout)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), limit)
 			defer cancel()
 			lg, err := o.updateGrant(ctx, args[0], func(lg *locksv1.LockGrant) error {
 				lg.Spec.Release = true
@@ -190,12 +230,13 @@ func (o *options) releaseCmd() *cobra.Command {
 				return p != "" && p != locksv1.PhasePending && p != locksv1.PhaseHeld
 			})
 			if err != nil {
-				return fmt.Errorf("release of %s sent but not confirmed within %s: %w", args[0], timeout, err)
+				return fmt.Errorf("release of %s sent but not confirmed within %s: %w", args[0], limit, err)
 			}
-			return o.printGrant(viewOf(lg))
+			return o.printGrant(lg)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "How long to wait for the issuer to confirm.")
+	o.addOutputFlags(cmd, supportsName)
 	return cmd
 }
 

@@ -56,11 +56,14 @@ func resourceViewOf(fr *locksv1.FencedResource) resourceView {
 }
 
 func (o *options) statusCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "status [FENCEDRESOURCE]",
 		Short: "Show holder, fence, expiry, queue, highest observed fence and conditions",
-		Long:  "status shows one FencedResource, or every FencedResource of the namespace.",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `status shows one FencedResource, or every FencedResource of the namespace
+(-o json and yaml: an object for one, a list for all). -o wide lists every
+quarantined attempt, not only the latest.`,
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kube, err := o.kube()
 			if err != nil {
@@ -84,27 +87,33 @@ func (o *options) statusCmd() *cobra.Command {
 			for i := range items {
 				views = append(views, resourceViewOf(&items[i]))
 			}
-			if o.output == "json" {
-				if len(args) == 1 {
-					return o.json(views[0])
+			names := make([]string, 0, len(views))
+			for _, v := range views {
+				names = append(names, "fencedresource."+locksv1.GroupVersion.Group+"/"+v.Name)
+			}
+			var doc any = views
+			if len(args) == 1 {
+				doc = views[0]
+			}
+			return o.emit(doc, names, func(wide bool) error {
+				if len(views) == 0 {
+					o.printf("No FencedResources in namespace %s.\n", o.ns())
 				}
-				return o.json(views)
-			}
-			if len(views) == 0 {
-				o.printf("No FencedResources in namespace %s.\n", o.ns())
-			}
-			for i, v := range views {
-				if i > 0 {
-					o.printf("\n")
+				for i, v := range views {
+					if i > 0 {
+						o.printf("\n")
+					}
+					o.printResource(v, wide)
 				}
-				o.printResource(v)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
+	o.addOutputFlags(cmd, supportsName, supportsWide)
+	return cmd
 }
 
-func (o *options) printResource(v resourceView) {
+func (o *options) printResource(v resourceView, wide bool) {
 	o.printf("FencedResource %s (%s)\n", v.Name, v.ResourceID)
 	target := "none"
 	if v.Target != nil {
@@ -140,8 +149,18 @@ func (o *options) printResource(v resourceView) {
 		}
 		o.printf("  %-13s %s=%s (%s)%s\n", label, c.Type, c.Status, c.Reason, msg)
 	}
-	if n := len(v.Quarantine); n > 0 {
+	if n := len(v.Quarantine); n > 0 && !wide {
 		last := v.Quarantine[n-1]
 		o.printf("  %-13s %d attempt(s); latest: %s, fence %d segment %d, payload %s\n", "quarantine", n, last.User, last.Fence, last.Segment, last.Payload)
+	}
+	for i, q := range v.Quarantine {
+		if !wide {
+			break
+		}
+		label := ""
+		if i == 0 {
+			label = "quarantine"
+		}
+		o.printf("  %-13s %s %s, fence %d segment %d, operation %s, payload %s\n", label, q.Time.UTC().Format(time.RFC3339), q.User, q.Fence, q.Segment, q.Operation, q.Payload)
 	}
 }

@@ -57,8 +57,9 @@ stamps the fence annotation and the receipt log, and sends one update.
 The acceptance webhook decides; a denial names the verdict and what to do.
 Each write is the next segment of the operation (--operation, default one
 per grant); a write the webhook already applied returns its original receipt.`,
-		Example: `  kubectl fence write invoice-batch-2026-07-19-3f2a... -f batch.yaml -n billing`,
-		Args:    exactArgs("LOCKGRANT"),
+		Example:           `  kubectl fence write invoice-batch-2026-07-19-3f2a... -f batch.yaml -n billing`,
+		Args:              exactArgs("LOCKGRANT"),
+		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if file == "" {
 				return errors.New("write needs -f FILE: a manifest of the protected object with its new content")
@@ -88,19 +89,18 @@ per grant); a write the webhook already applied returns its original receipt.`,
 			})
 			if err == nil {
 				res.Verdict, res.Segment, res.Payload, res.Receipt = fence.Accepted, r.Segment, r.Payload, r.Receipt
-				if o.output == "json" {
-					return o.json(res)
-				}
-				o.printf("%s accepted: fence %d, segment %d of operation %s\nreceipt %s\n", res.Object, res.Fence, res.Segment, operation, res.Receipt)
-				return nil
+				return o.emit(res, nil, func(bool) error {
+					o.printf("%s accepted: fence %d, segment %d of operation %s\nreceipt %s\n", res.Object, res.Fence, res.Segment, operation, res.Receipt)
+					return nil
+				})
 			}
 			d, denied := lockclient.AsDenial(err)
 			if !denied {
 				return err
 			}
 			res.Verdict, res.Message = d.Verdict, d.Message
-			if o.output == "json" {
-				_ = o.json(res)
+			if o.format.structured() {
+				_ = o.emit(res, nil, nil)
 			} else {
 				fmt.Fprintf(o.stderr, "%s denied: %s\n", res.Object, d.Message)
 				if hint := nextStep[d.Verdict]; hint != "" {
@@ -113,6 +113,8 @@ per grant); a write the webhook already applied returns its original receipt.`,
 	cmd.Flags().StringVarP(&file, "filename", "f", "", "Manifest (YAML or JSON) of the protected object with its new content.")
 	cmd.Flags().BoolVar(&unguarded, "unguarded", false, "Send the write even if the grant is known to have ended, to see the acceptance webhook refuse it (testing; never for real work).")
 	cmd.Flags().StringVar(&operation, "operation", "", "Operation ID (default: one per grant); segments of one operation continue from its receipt log.")
+	_ = cmd.MarkFlagFilename("filename", "yaml", "yml", "json")
+	o.addOutputFlags(cmd)
 	return cmd
 }
 
@@ -167,10 +169,11 @@ func (o *options) target(ctx context.Context, resource, file string) (*unstructu
 }
 
 func (o *options) receiptsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "receipts FENCEDRESOURCE",
-		Short: "Show the receipt log and fence state of a FencedResource's protected object",
-		Args:  exactArgs("FENCEDRESOURCE"),
+	cmd := &cobra.Command{
+		Use:               "receipts FENCEDRESOURCE",
+		Short:             "Show the receipt log and fence state of a FencedResource's protected object",
+		Args:              exactArgs("FENCEDRESOURCE"),
+		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kube, err := o.kube()
 			if err != nil {
@@ -207,17 +210,18 @@ func (o *options) receiptsCmd() *cobra.Command {
 			if view.Receipts == nil {
 				view.Receipts = []fence.Receipt{}
 			}
-			if o.output == "json" {
-				return o.json(view)
-			}
-			o.printf("%s: highest fence %d, last segment %d, operation root %s\n", view.Object, st.HighestFence, st.LastSegment, st.Root)
-			tw := o.table("FENCE", "SEGMENT", "OPERATION", "PAYLOAD", "RECEIPT")
-			for _, r := range st.Receipts {
-				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\n", r.Fence, r.Segment, r.Operation, r.Payload, r.Receipt)
-			}
-			return tw.Flush()
+			return o.emit(view, nil, func(bool) error {
+				o.printf("%s: highest fence %d, last segment %d, operation root %s\n", view.Object, st.HighestFence, st.LastSegment, st.Root)
+				tw := o.table("FENCE", "SEGMENT", "OPERATION", "PAYLOAD", "RECEIPT")
+				for _, r := range st.Receipts {
+					fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\n", r.Fence, r.Segment, r.Operation, r.Payload, r.Receipt)
+				}
+				return tw.Flush()
+			})
 		},
 	}
+	o.addOutputFlags(cmd)
+	return cmd
 }
 
 // attach follows the LockGrant name to act under it ("write", "delete").

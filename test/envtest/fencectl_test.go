@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
@@ -40,7 +42,7 @@ func kubectlFence(cfg *rest.Config, args ...string) fencectlResult {
 		// As kubectl_complete-fence is called: __complete first.
 		full = append([]string{"__complete", "--kubeconfig", kubeconfigFor(cfg)}, args[1:]...)
 	}
-	code := fencectl.Run(suiteCtx, full, &out, &errOut, nil)
+	code := fencectl.Run(suiteCtx, full, &out, &errOut)
 	GinkgoWriter.Printf("$ kubectl fence %v → %d\n%s%s", args, code, out.String(), errOut.String())
 	return fencectlResult{code, out.String(), errOut.String()}
 }
@@ -112,7 +114,7 @@ var _ = Describe("kubectl fence", func() {
 		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1")
 		Expect(r.code).To(Equal(0))
 		Expect(r.stdout).To(ContainSubstring("LockGrant " + ga.Name + " is Held by worker-a: fence 1"))
-		Expect(kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "name").stdout).To(Equal(ga.Name + "\n"))
+		Expect(kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "name").stdout).To(Equal("lockgrant.locks.fencekeeper.dev/" + ga.Name + "\n"))
 
 		file := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\ndata:\n  status: settling\n")
 		var w struct {
@@ -223,12 +225,15 @@ var _ = Describe("kubectl fence", func() {
 		r = kubectlFence(a, "status", "nope", "-n", ns)
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring("FencedResource nope not found"))
-		r = kubectlFence(a, "status", "-n", ns, "-o", "yaml")
+		r = kubectlFence(a, "status", "-n", ns, "-o", "xml")
 		Expect(r.code).To(Equal(1))
-		Expect(r.stderr).To(ContainSubstring(`unknown output format "yaml"`))
-		r = kubectlFence(a, "status", "-n", ns, "-o", "name")
+		Expect(r.stderr).To(ContainSubstring(`unknown output format "xml"`))
+		r = kubectlFence(a, "audit", "-n", ns, "-o", "name")
 		Expect(r.code).To(Equal(1))
-		Expect(r.stderr).To(ContainSubstring("only acquire, renew and release"))
+		Expect(r.stderr).To(ContainSubstring("-o name prints object names: acquire, renew, release and status have them"))
+		r = kubectlFence(a, "status", "-n", ns, "-o", "jsonpath={.nope")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("jsonpath"))
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		lg := held(ns, "batch", "worker-a", "x1")
 		r = kubectlFence(a, "write", lg.Name, "-n", ns)
@@ -304,5 +309,105 @@ var _ = Describe("kubectl fence", func() {
 			ContainSubstring("the acceptance webhook does not cover configmaps here"),
 			ContainSubstring("is not enrolled"),
 			ContainSubstring("no fencekeeper.dev/resource annotation")))
+	})
+
+	It("prints -o yaml equal to -o json, -o name as kubectl does, and jsonpath and go-template on the same document", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		var asJSON, asYAML map[string]any
+		kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "json").json(&asJSON)
+		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "yaml")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(yaml.Unmarshal([]byte(r.stdout), &asYAML)).To(Succeed(), r.stdout)
+		Expect(asYAML).To(Equal(asJSON))
+		// The flat fields scripts already parse stay where they were.
+		Expect(asJSON).To(HaveKeyWithValue("phase", "Held"))
+		Expect(asJSON).To(HaveKeyWithValue("owner", "worker-a"))
+		name := asJSON["name"].(string)
+
+		Expect(kubectlFence(a, "renew", name, "-n", ns, "-o", "name").stdout).To(Equal("lockgrant.locks.fencekeeper.dev/" + name + "\n"))
+		r = kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "jsonpath={.status.phase}")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(Equal("Held"))
+		r = kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "go-template={{.spec.owner}} {{.fenceToken}}")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(Equal("worker-a 1"))
+
+		var stJSON, stYAML map[string]any
+		kubectlFence(adminCfg, "status", "batch", "-n", ns, "-o", "json").json(&stJSON)
+		r = kubectlFence(adminCfg, "status", "batch", "-n", ns, "-o", "yaml")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(yaml.Unmarshal([]byte(r.stdout), &stYAML)).To(Succeed(), r.stdout)
+		Expect(stYAML).To(Equal(stJSON))
+		Expect(stJSON).To(HaveKey("holder"))
+		Expect(kubectlFence(adminCfg, "status", "-n", ns, "-o", "name").stdout).To(Equal("fencedresource.locks.fencekeeper.dev/batch\n"))
+		Expect(kubectlFence(adminCfg, "status", "batch", "-n", ns, "-o", "jsonpath={.holder.owner}").stdout).To(Equal("worker-a"))
+		Expect(kubectlFence(adminCfg, "status", "-n", ns, "-o", "jsonpath={[*].name}").stdout).To(Equal("batch"))
+
+		file := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\ndata:\n  k: v\n")
+		r = kubectlFence(a, "write", name, "-f", file, "-n", ns, "-o", "yaml")
+		Expect(r.code).To(Equal(0), r.stderr)
+		var w struct{ Verdict fence.Verdict }
+		Expect(yaml.Unmarshal([]byte(r.stdout), &w)).To(Succeed(), r.stdout)
+		Expect(w.Verdict).To(Equal(fence.Accepted))
+		Expect(kubectlFence(adminCfg, "receipts", "batch", "-n", ns, "-o", "jsonpath={.receipts[0].segment}").stdout).To(Equal("1"))
+
+		r = kubectlFence(adminCfg, "audit", "-n", ns, "-o", "wide")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(strings.Fields(strings.SplitN(r.stdout, "\n", 2)[0])).To(ContainElements("APIVERSION", "EXISTS"))
+	})
+
+	It("acts as the user --as and --as-group name, and honours --request-timeout, like kubectl", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		// The admin kubeconfig impersonating worker-b: the LockGrant webhook
+		// only admits a grant whose owner is the requesting user.
+		var g struct{ Name, Owner string }
+		kubectlFence(adminCfg, "acquire", "batch", "-n", ns, "--request-id", "b1", "--as", "worker-b", "--as-group", workersGroup, "-o", "json").json(&g)
+		Expect(g.Owner).To(Equal("worker-b"))
+		Expect(getGrant(ns, g.Name).Spec.Owner).To(Equal("worker-b"))
+		file := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\ndata:\n  by: b\n")
+		r := kubectlFence(adminCfg, "write", g.Name, "-f", file, "-n", ns, "--as", "worker-b", "--as-group", workersGroup)
+		Expect(r.code).To(Equal(0), r.stderr)
+		r = kubectlFence(adminCfg, "write", g.Name, "-f", file, "-n", ns, "--as", "worker-c", "--as-group", workersGroup)
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring(`belongs to "worker-b", not to "worker-c"`))
+
+		// worker-b holds it; worker-a's acquire gives up after the request
+		// timeout, not the 30 s --timeout default.
+		start := time.Now()
+		r = kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "--request-timeout", "1s")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("not granted within 1s (--request-timeout)"))
+		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+	})
+
+	It("completes LockGrant and FencedResource names from the API server", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		newTarget(protectedKinds[0], ns, "other", locksv1.EnforcementEnforce)
+		lg := held(ns, "batch", "worker-a", "c1")
+
+		// __complete prints "name<TAB>description" lines, then ":directive"
+		// (4: no file completion).
+		names := func(r fencectlResult) []string {
+			GinkgoHelper()
+			Expect(r.code).To(Equal(0), r.stderr)
+			var out []string
+			for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+				name, _, _ := strings.Cut(line, "\t")
+				out = append(out, name)
+			}
+			return out
+		}
+		Expect(names(kubectlFence(a, "__complete", "renew", "-n", ns, ""))).To(Equal([]string{lg.Name, ":4"}))
+		r := kubectlFence(a, "__complete", "renew", "-n", ns, "")
+		Expect(r.stdout).To(ContainSubstring(lg.Name + "\tbatch, Held by worker-a, fence 1"))
+		Expect(names(kubectlFence(a, "__complete", "acquire", "-n", ns, "b"))).To(Equal([]string{"batch", ":4"}))
+		Expect(names(kubectlFence(a, "__complete", "status", "-n", ns, ""))).To(Equal([]string{"batch", "other", ":4"}))
+		// A second argument is not completed.
+		r = kubectlFence(a, "__complete", "receipts", "batch", "-n", ns, "")
+		Expect(r.stdout).NotTo(ContainSubstring("other"))
+
+		r = kubectlFence(a, "completion", "bash")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("bash completion V2 for kubectl-fence"))
 	})
 })
