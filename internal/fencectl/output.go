@@ -254,7 +254,9 @@ func (o *options) addOutputFlags(cmd *cobra.Command, supports ...string) {
 		cmd.Annotations = map[string]string{}
 	}
 	cmd.Annotations[annotationOutput] = strings.Join(supports, " ")
-	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(formats, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("output", func(_ *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return withPrefix(formats, toComplete), cobra.ShellCompDirectiveNoFileComp
+	})
 }
 
 // newPrintFlags are kubectl's printing flags, without a default output.
