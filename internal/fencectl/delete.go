@@ -33,6 +33,9 @@ object in between, nothing is deleted.`,
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := lockGrantType.nameArgs(args); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			lock, err := o.attach(ctx, args[0], "delete", unguarded)
 			if err != nil {

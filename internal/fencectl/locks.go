@@ -61,11 +61,6 @@ type grantDoc struct {
 	Status     locksv1.LockGrantStatus `json:"status"`
 }
 
-// lockGrantName is kubectl's -o name for a LockGrant.
-func lockGrantName(name string) string {
-	return "lockgrant." + locksv1.GroupVersion.Group + "/" + name
-}
-
 func (o *options) printGrant(lg *locksv1.LockGrant) error {
 	v := viewOf(lg)
 	doc := grantDoc{TypeMeta: metav1.TypeMeta{APIVersion: locksv1.GroupVersion.String(), Kind: "LockGrant"},
@@ -73,7 +68,7 @@ func (o *options) printGrant(lg *locksv1.LockGrant) error {
 	if !o.print.JSONYamlPrintFlags.ShowManagedFields {
 		doc.ObjectMeta.ManagedFields = nil
 	}
-	return o.emit(doc, []string{lockGrantName(v.Name)}, func(bool) error {
+	return o.emit(doc, []string{lockGrantType.objectName(v.Name)}, func(bool) error {
 		o.printGrantText(v)
 		return nil
 	})
@@ -109,6 +104,9 @@ Running acquire again with the same --request-id finds the same request.`,
 		Args:              exactArgs("FENCEDRESOURCE"),
 		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := fencedResourceType.nameArgs(args); err != nil {
+				return err
+			}
 			limit, limitFlag, err := o.waitLimit(timeout)
 			if err != nil {
 				return err
@@ -168,6 +166,9 @@ func (o *options) renewCmd() *cobra.Command {
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := lockGrantType.nameArgs(args); err != nil {
+				return err
+			}
 			limit, _, err := o.waitLimit(timeout)
 			if err != nil {
 				return err
@@ -212,6 +213,9 @@ func (o *options) releaseCmd() *cobra.Command {
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := lockGrantType.nameArgs(args); err != nil {
+				return err
+			}
 			limit, _, err := o.waitLimit(timeout)
 			if err != nil {
 				return err

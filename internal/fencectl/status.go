@@ -65,6 +65,9 @@ quarantined attempt, not only the latest.`,
 		Args:              cobra.MaximumNArgs(1),
 		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := fencedResourceType.nameArgs(args); err != nil {
+				return err
+			}
 			kube, err := o.kube()
 			if err != nil {
 				return err
@@ -89,7 +92,7 @@ quarantined attempt, not only the latest.`,
 			}
 			names := make([]string, 0, len(views))
 			for _, v := range views {
-				names = append(names, "fencedresource."+locksv1.GroupVersion.Group+"/"+v.Name)
+				names = append(names, fencedResourceType.objectName(v.Name))
 			}
 			var doc any = views
 			if len(args) == 1 {

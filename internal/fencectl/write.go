@@ -61,6 +61,9 @@ per grant); a write the webhook already applied returns its original receipt.`,
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := lockGrantType.nameArgs(args); err != nil {
+				return err
+			}
 			if file == "" {
 				return errors.New("write needs -f FILE: a manifest of the protected object with its new content")
 			}
@@ -175,6 +178,9 @@ func (o *options) receiptsCmd() *cobra.Command {
 		Args:              exactArgs("FENCEDRESOURCE"),
 		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := fencedResourceType.nameArgs(args); err != nil {
+				return err
+			}
 			kube, err := o.kube()
 			if err != nil {
 				return err

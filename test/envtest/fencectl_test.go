@@ -114,7 +114,11 @@ var _ = Describe("kubectl fence", func() {
 		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1")
 		Expect(r.code).To(Equal(0))
 		Expect(r.stdout).To(ContainSubstring("LockGrant " + ga.Name + " is Held by worker-a: fence 1"))
-		Expect(kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "name").stdout).To(Equal("lockgrant.locks.fencekeeper.dev/" + ga.Name + "\n"))
+		// -o name is kubectl's TYPE/NAME, and every LOCKGRANT argument takes it
+		// back (GRANT=$(kubectl fence acquire … -o name); kubectl fence write $GRANT …).
+		qualified := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1", "-o", "name").stdout
+		Expect(qualified).To(Equal("lockgrant.locks.fencekeeper.dev/" + ga.Name + "\n"))
+		qualified = strings.TrimSpace(qualified)
 
 		file := manifestFile("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: batch\ndata:\n  status: settling\n")
 		var w struct {
@@ -123,7 +127,7 @@ var _ = Describe("kubectl fence", func() {
 			Segment int64
 			Receipt string
 		}
-		kubectlFence(a, "write", ga.Name, "-f", file, "-n", ns, "-o", "json").json(&w)
+		kubectlFence(a, "write", qualified, "-f", file, "-n", ns, "-o", "json").json(&w)
 		Expect(w.Verdict).To(Equal(fence.Accepted))
 		Expect([]int64{w.Fence, w.Segment}).To(Equal([]int64{1, 1}))
 		cm := &corev1.ConfigMap{}
@@ -136,7 +140,7 @@ var _ = Describe("kubectl fence", func() {
 			LastSegment  int64
 			Receipts     []fence.Receipt
 		}
-		kubectlFence(adminCfg, "receipts", "batch", "-n", ns, "-o", "json").json(&rec)
+		kubectlFence(adminCfg, "receipts", "fr/batch", "-n", ns, "-o", "json").json(&rec)
 		Expect(rec.Object).To(Equal("ConfigMap/batch"))
 		Expect(rec.HighestFence).To(BeEquivalentTo(1))
 		Expect(rec.Receipts).To(HaveLen(1))
