@@ -13,7 +13,10 @@ RELEASE ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' dist/chart/Char
 IMG ?= fencekeeper/manager:$(RELEASE)
 # Helm is built from the module proxy into bin/tools once (not a go.mod dependency).
 HELM_VERSION ?= v3.22.0
-HELM ?= $(CURDIR)/bin/tools/helm
+# (go install does not stamp helm's version: the version is in the file name.)
+HELM ?= $(CURDIR)/bin/tools/helm-$(HELM_VERSION)
+# helm template checks the chart's kubeVersion against this, not a cluster.
+HELM_KUBE_VERSION ?= 1.31.0
 CONTROLLER_GEN := go tool controller-gen
 KUBEBUILDER_ASSETS ?= $(CURDIR)/bin/k8s
 export KUBEBUILDER_ASSETS
@@ -98,14 +101,15 @@ build-installer: manifests ## Write dist/install.yaml for IMG and copy the gener
 	@echo "wrote dist/install.yaml (image $(IMG)) and synced dist/chart"
 
 $(HELM):
-	GOBIN=$(CURDIR)/bin/tools go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && GOBIN=$$tmp go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && \
+	mkdir -p $(dir $(HELM)) && mv $$tmp/helm $(HELM)
 
 .PHONY: helm
 helm: $(HELM) ## Build helm $(HELM_VERSION) into bin/tools (once).
 
 .PHONY: helm-template
 helm-template: $(HELM) ## Render dist/chart with its default values.
-	$(HELM) template fencekeeper dist/chart --include-crds
+	$(HELM) template fencekeeper dist/chart --include-crds --kube-version $(HELM_KUBE_VERSION)
 
 ##@ Deployment
 
