@@ -64,9 +64,12 @@ func TestChartMatchesKustomize(t *testing.T) {
 	// Another namespace: the same objects again, and no fencekeeper-system left.
 	ns := "locks-ops"
 	chart := renderChart(t, root, "namespace.name="+ns)
-	compare(t, "config/default in "+ns, parse(t, renderKustomize(t, root, img, ns)), "dist/chart in "+ns, parse(t, chart))
-	if bytes.Contains(chart, []byte("fencekeeper-system")) {
-		t.Errorf("dist/chart with namespace.name=%s still names fencekeeper-system", ns)
+	kustomized := renderKustomize(t, root, img, ns)
+	compare(t, "config/default in "+ns, parse(t, kustomized), "dist/chart in "+ns, parse(t, chart))
+	for name, out := range map[string][]byte{"dist/chart with namespace.name=" + ns: chart, "config/default with namespace: " + ns: kustomized} {
+		if i := bytes.Index(out, []byte("fencekeeper-system")); i >= 0 {
+			t.Errorf("%s still names fencekeeper-system: …%s…", name, out[max(0, i-200):min(len(out), i+40)])
+		}
 	}
 }
 
