@@ -94,7 +94,7 @@ owner's write is refused with STALE_OWNER.`,
 	f.StringVarP(&o.namespace, "namespace", "n", "", "Namespace of the FencedResources and LockGrants (default: the context's).")
 	f.StringVarP(&o.output, "output", "o", "", "Output format: json, or name (the LockGrant name: acquire, renew, release); default text.")
 	o.kubeconfig = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(o.loading, &o.overrides)
-	root.AddCommand(o.acquireCmd(), o.renewCmd(), o.releaseCmd(), o.statusCmd(), o.writeCmd(), o.deleteCmd(), o.receiptsCmd(), o.auditCmd())
+	root.AddCommand(o.acquireCmd(), o.renewCmd(), o.releaseCmd(), o.statusCmd(), o.writeCmd(), o.deleteCmd(), o.receiptsCmd(), o.auditCmd(), o.versionCmd())
 	return root
 }
 
