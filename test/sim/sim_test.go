@@ -53,7 +53,7 @@ func TestReleaseGates(t *testing.T) {
 	for _, v := range []fence.Verdict{fence.Accepted, fence.Unchanged, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant,
 		fence.WrongResource, fence.WrongOwner, fence.RevokedEpoch, fence.PayloadMismatch, fence.FenceRegression, fence.StaleOwner,
 		fence.RootMismatch, fence.NotHeld, fence.PolicyStale, fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined,
-		fence.ReceiptLogMismatch} {
+		fence.ReceiptLogMismatch, fence.ProtectionRemoved, fence.DeleteNotDeclared, verdictTeardown, verdictNotProtected} {
 		if rep.Verdicts[v] == 0 {
 			t.Errorf("no schedule produced verdict %s", v)
 		}
