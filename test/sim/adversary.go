@@ -159,7 +159,7 @@ func (a *adversary) apply(f Fault) bool {
 		return a.arm(func(k *worker) bool { return held(k) && k.segments >= 2 }, func(k *worker) *bool { return &k.armed.declareDelete })
 	case FaultNamespaceTeardown:
 		return a.impersonatedTeardown()
-	case FaultIndexLag:
+	case FaultIndexLag, FaultPlantedOwnForgery:
 		return false // only as the entry is created: see startIndexLag
 	}
 	return false
@@ -751,9 +751,16 @@ func (a *adversary) plantedCreate() {
 	a.sendPlantedCreate(FaultPlantedCreate, a.w.rng.IntN(3))
 }
 
+// The variants of sendPlantedCreate.
+const (
+	plantHolderEnvelope = iota // the holder's envelope, a forged receipt added
+	plantNeighbour             // another resource's genuine envelope
+	plantOwnForgery            // an envelope forged for this resource
+)
+
 func (a *adversary) sendPlantedCreate(f Fault, variant int) {
 	user := a.strangerOrCoTenant()
-	if src, ok := a.holderGrant(); ok && variant == 0 {
+	if src, ok := a.holderGrant(); ok && variant == plantHolderEnvelope {
 		g := src.g
 		forged := fence.Receipt{Fence: g.FenceToken + 7, Segment: 1, Operation: "planted"}
 		r := &request{kind: reqWriteObject, user: user, fault: f, rebuild: &craftSpec{
@@ -776,7 +783,7 @@ func (a *adversary) sendPlantedCreate(f Fault, variant int) {
 		OperationRoot: lockclient.OperationRoot("planted"), FenceToken: fenceToken, BackendRevision: "1", PolicyGeneration: 1,
 		IssuerEpoch: a.w.reg.epoch, TTLSeconds: leaseSeconds, IssuedAt: a.w.now.UTC().Format(time.RFC3339)}
 	signer, how := issuerKey(), "a genuine envelope of "+neighbourResourceID
-	if variant == 2 {
+	if variant == plantOwnForgery {
 		g.Resource, signer, how = resourceID, forgerKey(), "an envelope forged for this resource"
 	}
 	_, proof, err := signer.Sign(g)
@@ -861,14 +868,19 @@ func (a *adversary) impersonatedTeardown() bool {
 }
 
 // startIndexLag: the FencedResource was just created and the webhook's
-// target index does not know it yet; someone creates the target meanwhile.
-func (a *adversary) startIndexLag() {
+// target index does not know it yet; someone creates the target meanwhile:
+// unfenced, with another resource's envelope (FaultIndexLag), or with an
+// envelope forged for this resource (FaultPlantedOwnForgery).
+func (a *adversary) startIndexLag(f Fault) {
 	d := time.Duration(1000+a.w.rng.IntN(4000)) * time.Millisecond
 	a.w.indexLagUntil = a.w.now.Add(d)
-	a.w.tracef("FAULT %s: the webhook's target index learns of the entry only at +%s", FaultIndexLag, d)
-	if a.w.rng.IntN(3) == 0 {
-		a.sendStrangerCreate(FaultIndexLag)
-		return
+	a.w.tracef("FAULT %s: the webhook's target index learns of the entry only at +%s", f, d)
+	switch {
+	case f == FaultPlantedOwnForgery:
+		a.sendPlantedCreate(f, plantOwnForgery)
+	case a.w.rng.IntN(2) == 0:
+		a.sendStrangerCreate(f)
+	default:
+		a.sendPlantedCreate(f, plantNeighbour)
 	}
-	a.sendPlantedCreate(FaultIndexLag, 1+a.w.rng.IntN(2))
 }

@@ -45,6 +45,9 @@ const (
 	FaultDeclaredDelete
 	FaultNamespaceTeardown
 	FaultIndexLag
+	// FaultPlantedOwnForgery: in the index-lag window, an unlabelled create
+	// carrying an envelope forged for this very resource, with receipts.
+	FaultPlantedOwnForgery
 	numFaults
 )
 
@@ -57,6 +60,7 @@ var faultNames = [numFaults]string{
 	"policy change (fenceFloor raised)", "tampered receipt log",
 	"stranger creates the absent target", "planted envelope/receipts on create", "protection label/annotation removed",
 	"undeclared delete (holder's identity)", "declared delete + re-create", "namespace teardown", "webhook index lags entry creation",
+	"planted forgery naming this resource (index lag)",
 }
 
 func (f Fault) String() string {

@@ -151,8 +151,8 @@ var registerModel = (&porcupine.NondeterministicModel{
 			if in.Valid && follows(s, w) {
 				return []any{w}
 			}
-			if in.Valid && w == (registerState{}) && s == (registerState{Absent: true}) {
-				// An unfenced create before any fence: the documented
+			if in.Valid && w == (registerState{}) && s.Fence == 0 {
+				// An unfenced write before any fence: the documented
 				// index-lag window (the oracle judges when it may happen).
 				return []any{w}
 			}

@@ -240,6 +240,13 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 		// for nothing (the planted-state rules below watch that).
 		res.KnownLimitWrites++
 		o.w.tracef("oracle: %s landed in the documented index-lag window (no grant used at the target yet)", what)
+		if e != nil && class != authForged && class != authCrossResource && class != authMalformed {
+			// "untrusted unless it is a real, bound grant of this entry":
+			// a genuine envelope is this entry's history, receipts and all.
+			o.recordAccepted(e)
+			o.trustedLog = nil
+			_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
+		}
 		return
 	}
 	res.Mutations++

@@ -188,8 +188,11 @@ func newWorld(seed uint64, cfg Config) *world {
 		w.workers = append(w.workers, newWorker(w, fmt.Sprintf("worker-%d", i+1), 1+w.rng.IntN(2), 1+w.rng.IntN(3)))
 	}
 	w.tracef("schedule seed %d: %d workers; faults enabled: %s", seed, n, w.faults)
-	if w.faults.planned(FaultIndexLag) {
-		w.adv.startIndexLag()
+	switch {
+	case w.faults.planned(FaultPlantedOwnForgery):
+		w.adv.startIndexLag(FaultPlantedOwnForgery)
+	case w.faults.planned(FaultIndexLag):
+		w.adv.startIndexLag(FaultIndexLag)
 	}
 	return w
 }
