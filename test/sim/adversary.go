@@ -748,7 +748,11 @@ func (a *adversary) strangerOrCoTenant() string {
 // resource's genuine envelope, or an envelope forged for this resource, each
 // with planted receipts.
 func (a *adversary) plantedCreate() {
-	a.sendPlantedCreate(FaultPlantedCreate, a.w.rng.IntN(3))
+	variant := a.w.rng.IntN(3)
+	if variant == plantOwnForgery && a.w.now.Before(a.w.indexLagUntil) {
+		variant = plantNeighbour // landing in the lag window is FaultPlantedOwnForgery's
+	}
+	a.sendPlantedCreate(FaultPlantedCreate, variant)
 }
 
 // The variants of sendPlantedCreate.
