@@ -33,6 +33,10 @@ type registerInput struct {
 	Delete bool
 	Valid  bool // the write carries a readable fence annotation
 	Value  registerState
+	// AfterLostDelete: sent while a registry restore had taken back the
+	// record of the object's deletion (docs/security.md, Known limits): its
+	// segments may start over.
+	AfterLostDelete bool
 }
 
 type writeOutcome int
@@ -64,6 +68,7 @@ func (h *history) call(w *world, r *request, tick int64) int {
 	case reqWriteObject:
 		in.Write = true
 		in.Value, in.Valid = w.registerOf(r.object)
+		in.AfterLostDelete = w.oracle.deletedMemoryLost
 	case reqDeleteObject:
 		in.Delete = true
 	}
@@ -149,6 +154,9 @@ var registerModel = (&porcupine.NondeterministicModel{
 			return []any{s}
 		case outcomeAccepted:
 			if in.Valid && follows(s, w) {
+				return []any{w}
+			}
+			if in.Valid && in.AfterLostDelete && s.Absent && w.Fence >= s.Fence && w.Segment == 1 {
 				return []any{w}
 			}
 			if in.Valid && w == (registerState{}) && s.Fence == 0 {

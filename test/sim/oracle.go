@@ -47,6 +47,10 @@ type oracle struct {
 	trustedLog []oracleReceipt
 	// written is every segment the object stored, by fence/segment/operation.
 	written map[string]writtenSegment
+	// deletedMemoryLost: the object is deleted and a registry restore took
+	// back the entry's record of it (status.deletedTarget), the only memory
+	// of a deleted target (docs/security.md, "Known limits").
+	deletedMemoryLost bool
 }
 
 type writtenSegment struct {
@@ -191,6 +195,10 @@ func (o *oracle) decided(r *registry) {
 // restored follows a registry restore: the holder's lease is what it was
 // when the backup was taken.
 func (o *oracle) restored(s oracleRegistry) {
+	dt := o.w.reg.fr.Status.DeletedTarget
+	if o.w.obj.stored == nil && o.acceptedAny && (dt == nil || dt.FenceToken != o.lastFence || dt.Segment != o.lastSegment) {
+		o.deletedMemoryLost = true
+	}
 	o.reg = s.clone()
 	if o.reg.holder != "" {
 		o.deadlines[o.reg.holder] = o.reg.deadline
@@ -288,6 +296,10 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	// The fence rules, against what the object accepted before.
 	f, seg := e.grant.FenceToken, e.Segment
 	switch {
+	case o.deletedMemoryLost && old == nil && f >= o.lastFence:
+		// Re-created after the registry forgot the deletion: the segments
+		// start over (staleness and authentication are still judged above).
+		res.DeletedMemoryLostWrites++
 	case !o.acceptedAny:
 		if seg != 1 {
 			o.violation(vSkippedSegment, "%s accepted as the object's first write", what)
@@ -308,6 +320,7 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 		o.violation(vReceiptLog, "%s accepted: its receipt log is not the stored log plus this segment", what)
 	}
 	o.recordAccepted(e)
+	o.deletedMemoryLost = false
 	o.trustedLog = nil
 	_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
 	res.Commits++

@@ -58,6 +58,9 @@ type Counters struct {
 	Deletes          int64 // of those, the ones that removed the target
 	TeardownDeletes  int64 // of those, the namespace controller's during teardown
 	KnownLimitWrites int64 // unfenced writes in the documented index-lag window
+	// DeletedMemoryLostWrites: re-creations whose segments started over
+	// because a registry restore took back the record of the deletion.
+	DeletedMemoryLostWrites int64
 	IndexLagLookups  int64 // target-index lookups answered while the index lagged
 
 	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
@@ -117,6 +120,7 @@ func (c *Counters) add(o *Counters) {
 	c.Deletes += o.Deletes
 	c.TeardownDeletes += o.TeardownDeletes
 	c.KnownLimitWrites += o.KnownLimitWrites
+	c.DeletedMemoryLostWrites += o.DeletedMemoryLostWrites
 	c.IndexLagLookups += o.IndexLagLookups
 	c.UnknownOutcomes += o.UnknownOutcomes
 	c.UnknownApplied += o.UnknownApplied

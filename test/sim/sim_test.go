@@ -141,8 +141,11 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 		{"allows label removal", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.ProtectionRemoved
 		}, []Fault{FaultProtectionRemoved}, vProtectionDropped},
+		// Planting needs two rules broken: fence state on a non-target, then
+		// the planted log trusted.
 		{"trusts planted receipts (inherits them)", func(req admission.Request, v fence.Verdict) bool {
-			return v == fence.ReceiptLogMismatch && len(req.OldObject.Raw) > 0 && !labelled(req.OldObject.Raw)
+			return (v == fence.WrongResource && len(req.OldObject.Raw) == 0) ||
+				(v == fence.ReceiptLogMismatch && len(req.OldObject.Raw) > 0 && !labelled(req.OldObject.Raw))
 		}, []Fault{FaultPlantedOwnForgery}, vPlantedInherited},
 		{"allows undeclared deletes", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.DeleteNotDeclared
@@ -150,7 +153,10 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rep := Run(1, 400, 0, Config{Acceptance: brokenRule(c.allow), Faults: c.faults, StopAtFirstViolation: true}, nil)
+			// Planting is itself caught first (a forged grant accepted at a
+			// non-target); run on to see the inheritance caught too.
+			stop := c.want != vPlantedInherited
+			rep := Run(1, 400, 0, Config{Acceptance: brokenRule(c.allow), Faults: c.faults, StopAtFirstViolation: stop}, nil)
 			if rep.Violated[c.want] == 0 {
 				t.Fatalf("the oracle reported no %q over %d schedules (violations %v)", violationNames[c.want], rep.Schedules, rep.Violated)
 			}
