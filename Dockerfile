@@ -2,6 +2,9 @@
 FROM golang:1.26 AS builder
 ARG TARGETOS
 ARG TARGETARCH
+# make docker-build passes the version and commit stamped into the binary.
+ARG VERSION=devel
+ARG COMMIT=unknown
 WORKDIR /workspace
 COPY go.mod go.sum ./
 RUN go mod download
@@ -10,7 +13,10 @@ COPY api/ api/
 COPY controllers/ controllers/
 COPY webhooks/ webhooks/
 COPY pkg/ pkg/
-RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w" -o manager ./cmd/manager
+COPY internal/ internal/
+RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -trimpath \
+    -ldflags "-s -w -X github.com/fencekeeper/fencekeeper/internal/version.Version=${VERSION} -X github.com/fencekeeper/fencekeeper/internal/version.Commit=${COMMIT}" \
+    -o manager ./cmd/manager
 
 # A static, non-root runtime image.
 FROM gcr.io/distroless/static:nonroot

@@ -126,8 +126,7 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	if fr == nil {
-		decisions.WithLabelValues(notProtected, "", "true").Inc()
-		return admission.Allowed("not protected: no FencedResource names this object as its target")
+		return nonTarget(r)
 	}
 	if teardown, err := v.namespaceTeardown(ctx, r); err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
@@ -165,6 +164,21 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 
 // notProtected is the verdict label of writes to objects that are nobody's target.
 const notProtected = "NOT_PROTECTED"
+
+// nonTarget answers a write to an object no FencedResource names. It is let
+// through, unless it writes fence state: fence and receipt annotations are
+// only ever accepted at a target, so none can be planted on an object that is
+// about to become one (or that a webhook replica's cache does not yet know
+// as one — the write is then refused until it does).
+func nonTarget(r *request) admission.Response {
+	if writesFenceState(r) {
+		decisions.WithLabelValues(string(fence.WrongResource), "", "false").Inc()
+		return admission.Denied(fmt.Sprintf("WRONG_RESOURCE: no FencedResource names %s %s as its target, and %s and %s annotations are only written to a target (if its FencedResource was just created, retry)",
+			r.kind, r.name, fence.AnnotationFence, fence.AnnotationReceipts))
+	}
+	decisions.WithLabelValues(notProtected, "", "true").Inc()
+	return admission.Allowed("not protected: no FencedResource names this object as its target")
+}
 
 func (v *ProtectedObjectValidator) decode(req admission.Request) (*request, error) {
 	oldObj, newObj, err := decodeObjects(req)
@@ -400,6 +414,25 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *
 			"%s of %s %s by %s denied: %s", strings.ToLower(string(r.Operation)), r.kind, r.name, r.UserInfo.Username, d.Message)
 	}
 	return admission.Denied(d.Message)
+}
+
+// writesFenceState reports whether a write adds or changes (not only removes)
+// a fence or receipt annotation.
+func writesFenceState(r *request) bool {
+	if r.newObj == nil || r.SubResource != "" {
+		return false
+	}
+	var before map[string]string
+	if r.oldObj != nil {
+		before = r.oldObj.GetAnnotations()
+	}
+	after := r.newObj.GetAnnotations()
+	for _, k := range []string{fence.AnnotationFence, fence.AnnotationReceipts} {
+		if after[k] != "" && after[k] != before[k] {
+			return true
+		}
+	}
+	return false
 }
 
 // plantsFenceState reports whether a write sets fence annotations other than

@@ -4,7 +4,9 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -13,11 +15,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/fencekeeper/fencekeeper/internal/operator"
+	"github.com/fencekeeper/fencekeeper/internal/version"
 )
 
 func main() {
 	var o operator.Options
 	var webhookHosts string
+	var showVersion bool
+	var memoryLimit int64
+	var memoryLimitRatio float64
+	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
+	flag.Int64Var(&memoryLimit, "memory-limit", 0, "The container's memory limit in bytes (the Deployment passes limits.memory through the downward API); the Go heap limit becomes --memory-limit-ratio of it unless GOMEMLIMIT is set. 0 leaves Go's default.")
+	flag.Float64Var(&memoryLimitRatio, "memory-limit-ratio", 0.9, "Share of --memory-limit the Go runtime aims to stay under (0 < ratio <= 1); the rest is headroom for non-heap memory.")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint (0 disables it).")
 	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&o.LeaderElect, "leader-elect", true, "Elect a leader; only the leader issues grants, and each new leader starts a new issuer epoch.")
@@ -31,11 +40,43 @@ func main() {
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if showVersion {
+		fmt.Println("manager", version.String())
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	setup := ctrl.Log.WithName("setup")
+	setup.Info("fencekeeper manager", "version", version.Get().Version, "commit", version.Get().Commit)
+	_, envSet := os.LookupEnv("GOMEMLIMIT")
+	heap, err := goMemLimit(memoryLimit, memoryLimitRatio, envSet)
+	if err != nil {
+		setup.Error(err, "invalid memory limit flags")
+		os.Exit(2)
+	}
+	if heap > 0 {
+		debug.SetMemoryLimit(heap)
+		setup.Info("Go memory limit set", "bytes", heap, "containerLimit", memoryLimit, "ratio", memoryLimitRatio)
+	}
 	o.WebhookHosts = strings.Split(webhookHosts, ",")
 
 	if err := operator.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), o); err != nil {
-		ctrl.Log.WithName("setup").Error(err, "operator stopped with an error")
+		setup.Error(err, "operator stopped with an error")
 		os.Exit(1)
 	}
+}
+
+// goMemLimit is the Go heap limit for a container memory limit: ratio of it,
+// leaving headroom below the OOM kill for stacks and non-Go memory. It is 0
+// (keep Go's setting) when no limit is known or GOMEMLIMIT was set explicitly.
+func goMemLimit(limit int64, ratio float64, envSet bool) (int64, error) {
+	if ratio <= 0 || ratio > 1 {
+		return 0, fmt.Errorf("--memory-limit-ratio=%v: want 0 < ratio <= 1", ratio)
+	}
+	if limit < 0 {
+		return 0, fmt.Errorf("--memory-limit=%d: want a byte count >= 0", limit)
+	}
+	if limit == 0 || envSet {
+		return 0, nil
+	}
+	return int64(float64(limit) * ratio), nil
 }

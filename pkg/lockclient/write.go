@@ -3,6 +3,7 @@ package lockclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"time"
@@ -57,11 +58,12 @@ type committed struct {
 }
 
 func (op *Operation) commit(ctx context.Context, obj client.Object, mutate func() error, intent string) (committed, error) {
+	freshLog := false
 	for attempt := 0; attempt < 8; attempt++ {
 		if err := op.lock.Guard(); err != nil {
 			return committed{}, err
 		}
-		p, err := op.prepare(ctx, obj, mutate, intent)
+		p, err := op.prepare(ctx, obj, mutate, intent, freshLog)
 		if err != nil {
 			return committed{}, err
 		}
@@ -71,6 +73,15 @@ func (op *Operation) commit(ctx context.Context, obj client.Object, mutate func(
 			err = op.lock.c.kube.Create(ctx, obj)
 		}
 		c, retry, err := op.settle(ctx, obj, p, err)
+		if startsLogOver(err, p, freshLog) {
+			// The acceptance point does not trust the stored fence state (a
+			// forgery planted while the object was nobody's target): its log
+			// counts for nothing and this segment starts a new one. The client
+			// cannot verify signatures; the webhook can, and a wrong guess is
+			// only a denial that changed nothing.
+			freshLog = true
+			continue
+		}
 		if !retry {
 			return c, err
 		}
@@ -83,11 +94,20 @@ type prepared struct {
 	exists   bool
 	receipt  fence.Receipt
 	envelope string
+	// storedLog: the object as read had a receipt log (Stamp may have kept it).
+	storedLog bool
 }
 
 // prepare reads obj, applies mutate and stamps the next segment of the
 // operation under the lock's grant, with the given intent.
-func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func() error, intent string) (prepared, error) {
+// startsLogOver reports whether a denied segment should be sent again with a
+// receipt log of its own receipt only.
+func startsLogOver(err error, p prepared, freshLog bool) bool {
+	var d *DenialError
+	return errors.As(err, &d) && d.Verdict == fence.ReceiptLogMismatch && !freshLog && p.storedLog
+}
+
+func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func() error, intent string, freshLog bool) (prepared, error) {
 	l := op.lock
 	g, proof := l.Grant()
 	exists, err := op.read(ctx, obj)
@@ -128,12 +148,16 @@ func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func
 	if err != nil {
 		return prepared{}, err
 	}
+	storedLog := ann[fence.AnnotationReceipts] != ""
+	if freshLog {
+		delete(ann, fence.AnnotationReceipts)
+	}
 	receipt, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: op.id, Segment: segment, Payload: payload, Intent: intent})
 	if err != nil {
 		return prepared{}, err
 	}
 	obj.SetAnnotations(ann)
-	return prepared{exists: exists, receipt: receipt, envelope: ann[fence.AnnotationFence]}, nil
+	return prepared{exists: exists, receipt: receipt, envelope: ann[fence.AnnotationFence], storedLog: storedLog}, nil
 }
 
 // segmentAfterDelete numbers the first segment of an object that does not

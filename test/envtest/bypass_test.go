@@ -1,6 +1,10 @@
 package envtest
 
 import (
+	"context"
+	"strings"
+	"time"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
@@ -13,6 +17,8 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
 // shardKind has status and scale subresources (testdata/invoiceshards.yaml).
@@ -155,30 +161,61 @@ var _ = Describe("the registry decides what is protected", func() {
 		kind := protectedKinds[0]
 		other := newTarget(kind, ns, "other", locksv1.EnforcementEnforce)
 		o := held(ns, "other", "worker-b", "o")
-		for seg := int64(1); seg <= 1; seg++ {
-			Expect(other.write(o, seg, "o1")).To(Succeed())
-		}
-		// Fence 5 of another resource, planted on an object before it is registered.
-		for i := 0; i < 4; i++ {
+		Expect(other.write(o, 1, "o1")).To(Succeed())
+		for i := 0; i < 4; i++ { // fence 5 of another resource
 			release(o)
 			waitPhase(o, locksv1.PhaseReleased)
 			o = held(ns, "other", "worker-b", "o"+string(rune('a'+i)))
 			Expect(other.write(o, 1, "o")).To(Succeed())
 		}
-		planted := other.get().GetAnnotations()
-		t := target{kind: kind, ns: ns, name: "batch"}
-		Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", map[string]string{fence.LabelProtected: "true"}, map[string]string{
-			fence.AnnotationResource: "batch", fence.AnnotationFence: planted[fence.AnnotationFence], fence.AnnotationReceipts: planted[fence.AnnotationReceipts],
-		}))).To(Succeed())
-		newTarget(kind, ns, "batch", locksv1.EnforcementEnforce)
-		a := held(ns, "batch", "worker-a", "a")
+		planted := map[string]string{fence.AnnotationResource: "batch",
+			fence.AnnotationFence: other.get().GetAnnotations()[fence.AnnotationFence], fence.AnnotationReceipts: other.get().GetAnnotations()[fence.AnnotationReceipts]}
+		labels := map[string]string{fence.LabelProtected: "true"}
+		// In a namespace that holds entries, fence state is written to targets only.
+		stray := target{kind: kind, ns: ns, name: "stray"}
+		stray.deniedWith(fence.WrongResource, func() error { return workers["worker-c"].Create(suiteCtx, stray.unfenced("x", labels, planted)) })
+
+		// Elsewhere, unlabelled, before the object is registered, anything goes: plant it there.
+		fresh := newNamespace()
+		t := target{kind: kind, ns: fresh, name: "batch"}
+		Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", nil, planted))).To(Succeed())
+		newTarget(kind, fresh, "batch", locksv1.EnforcementEnforce)
+		a := held(fresh, "batch", "worker-a", "a")
 		Expect(a.Status.Grant.FenceToken).To(Equal(int64(1)))
 		Expect(t.write(a, 1, "v1")).To(Succeed())
 		Expect(t.write(a, 2, "v2")).To(Succeed())
-		Consistently(func() int64 { return getFR(ns, "batch").Status.HighestObservedFence }, "1s").Should(BeNumerically("<=", 1))
+		Consistently(func() int64 { return getFR(fresh, "batch").Status.HighestObservedFence }, "1s").Should(BeNumerically("<=", 1))
 		receipts, err := fence.ParseReceipts(t.get().GetAnnotations()[fence.AnnotationReceipts])
 		Expect(err).NotTo(HaveOccurred())
 		Expect(receipts).To(HaveLen(2), "the planted receipts are not inherited")
+	})
+
+	It("lets the client start a new receipt log over a forgery of its own resource planted before registration", func() {
+		kind := protectedKinds[0]
+		fresh := newNamespace()
+		t := target{kind: kind, ns: fresh, name: "batch"}
+		a := newGrant(fresh, "batch", "worker-a", "x")
+		forged := fence.Envelope{Grant: grant.Grant{Schema: grant.Schema, Resource: "test/" + fresh + "/batch", Owner: "worker-a", RequestID: "x",
+			Lease: "l", OperationRoot: a.Spec.OperationRoot, FenceToken: 1, BackendRevision: "1", PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 10,
+			IssuedAt: "2026-01-01T00:00:00Z"}, Proof: "ed25519:nobody:" + strings.Repeat("A", 86) + "==", Operation: "job", Segment: 1, Payload: "sha256:" + strings.Repeat("cd", 32)}
+		ann := map[string]string{fence.AnnotationResource: "batch"}
+		_, err := fence.Stamp(ann, forged)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", nil, ann))).To(Succeed())
+		newTarget(kind, fresh, "batch", locksv1.EnforcementEnforce, func(fr *locksv1.FencedResource) { fr.Spec.FenceFloor = 1 })
+
+		c, _ := faultyWorker(fresh, "worker-a")
+		ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
+		defer cancel()
+		l, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "job-1"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(l.Close)
+		cm := configMapNamed(fresh, "batch")
+		r, err := l.Operation("job").Commit(suiteCtx, cm, setData(cm, "v1"))
+		Expect(err).NotTo(HaveOccurred())
+		receipts, err := fence.ParseReceipts(t.get().GetAnnotations()[fence.AnnotationReceipts])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(receipts).To(ConsistOf(r), "the forged log is not inherited")
 	})
 
 	It("denies a stranger re-creating a deleted target while its entry exists", func() {

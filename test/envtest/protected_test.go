@@ -65,11 +65,11 @@ type target struct {
 	name string // also the FencedResource's name
 }
 
-func newTarget(k protectedKind, ns, name string, mode locksv1.EnforcementMode) target {
-	newFencedResource(ns, name, 10, func(fr *locksv1.FencedResource) {
+func newTarget(k protectedKind, ns, name string, mode locksv1.EnforcementMode, mutate ...func(*locksv1.FencedResource)) target {
+	newFencedResource(ns, name, 10, append([]func(*locksv1.FencedResource){func(fr *locksv1.FencedResource) {
 		fr.Spec.Enforcement = mode
 		fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: k.gvk.GroupVersion().String(), Kind: k.gvk.Kind, Name: name}
-	})
+	}}, mutate...)...)
 	return target{kind: k, ns: ns, name: name}
 }
 
@@ -113,6 +113,9 @@ func (t target) write(lg *locksv1.LockGrant, seg int64, v string, o ...writeOpts
 		u.SetLabels(map[string]string{fence.LabelProtected: "true"})
 		u.SetAnnotations(map[string]string{fence.AnnotationResource: t.name})
 	}
+	// Like the client: a fenced write carries the protection marks.
+	u.SetLabels(mergeMap(u.GetLabels(), map[string]string{fence.LabelProtected: "true"}))
+	u.SetAnnotations(mergeMap(u.GetAnnotations(), map[string]string{fence.AnnotationResource: t.name}))
 	t.kind.setContent(u, v)
 	payload, err := fence.PayloadDigest(fence.ObjectPayload(u.Object))
 	Expect(err).NotTo(HaveOccurred())
@@ -138,6 +141,16 @@ func (t target) write(lg *locksv1.LockGrant, seg int64, v string, o ...writeOpts
 		return workers[user].Create(suiteCtx, u)
 	}
 	return workers[user].Update(suiteCtx, u)
+}
+
+func mergeMap(m, add map[string]string) map[string]string {
+	if m == nil {
+		m = map[string]string{}
+	}
+	for k, v := range add {
+		m[k] = v
+	}
+	return m
 }
 
 // denied matches an admission denial whose message starts with code.
@@ -306,16 +319,21 @@ var _ = Describe("the acceptance webhook", func() {
 		a := held(ns, "batch", "worker-a", "a")
 		Expect(t.write(a, 1, "v1")).To(Succeed())
 		// A new object that points at a Shadow entry whose target is another
-		// object is nobody's target: the registry decides, not the annotation,
-		// and the entry it names learns nothing from it.
+		// object is nobody's target (the registry decides, not the
+		// annotation), and fence state is only ever written to a target.
 		impostor := target{kind: kind, ns: ns, name: "impostor"}
 		s := held(ns, "scratch", "worker-b", "s")
-		Expect(impostor.write(s, 1, "x", writeOpts{object: func(u *unstructured.Unstructured) {
-			u.SetAnnotations(map[string]string{fence.AnnotationResource: "scratch"})
-			ann := u.GetAnnotations()
-			_, _ = fence.Stamp(ann, mustEnvelope(s, u))
-			u.SetAnnotations(ann)
-		}})).To(Succeed())
+		impostor.deniedWith(fence.WrongResource, func() error {
+			return impostor.write(s, 1, "x", writeOpts{object: func(u *unstructured.Unstructured) {
+				u.SetAnnotations(map[string]string{fence.AnnotationResource: "scratch"})
+				ann := u.GetAnnotations()
+				_, _ = fence.Stamp(ann, mustEnvelope(s, u))
+				u.SetAnnotations(ann)
+			}})
+		})
+		// Without fence state it is an ordinary object.
+		Expect(workers["worker-b"].Create(suiteCtx, impostor.unfenced("x", map[string]string{fence.LabelProtected: "true"},
+			map[string]string{fence.AnnotationResource: "scratch"}))).To(Succeed())
 		Consistently(func() int64 { return getFR(ns, "scratch").Status.HighestObservedFence }, "500ms").Should(BeZero())
 		// The holder cannot move the object to another entry.
 		t.deniedWith(fence.ProtectionRemoved, func() error {

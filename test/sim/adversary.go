@@ -49,7 +49,13 @@ type adversary struct {
 	sent   []*request   // the latest writes workers sent, for duplicates and replays
 	issued []issuedCopy // every grant the registry issued, in order
 	n      int          // numbers the adversary's contents
+	// whenAbsent are creates waiting for the target to be deleted.
+	whenAbsent []func()
 }
+
+// strangerUser is an identity that never holds the lock (a co-tenant with
+// edit rights on ConfigMaps).
+const strangerUser = "system:serviceaccount:" + namespace + ":intruder"
 
 type issuedCopy struct {
 	g     grant.Grant
@@ -88,10 +94,11 @@ func (a *adversary) injected(f Fault, format string, args ...any) bool {
 	return true
 }
 
+func held(k *worker) bool {
+	return k.lock != nil && k.lock.held && k.lock.state == lockclient.StateHeld && !k.lock.releasing
+}
+
 func (a *adversary) apply(f Fault) bool {
-	held := func(k *worker) bool {
-		return k.lock != nil && k.lock.held && k.lock.state == lockclient.StateHeld && !k.lock.releasing
-	}
 	switch f {
 	case FaultOwnerPause:
 		if a.w.rng.IntN(3) != 0 {
@@ -140,6 +147,20 @@ func (a *adversary) apply(f Fault) bool {
 		return a.policyChange()
 	case FaultReceiptLog:
 		return a.receiptLog()
+	case FaultStrangerCreate:
+		return a.onAbsent(a.strangerCreate)
+	case FaultPlantedCreate:
+		return a.onAbsent(a.plantedCreate)
+	case FaultProtectionRemoved:
+		return a.protectionRemoved()
+	case FaultUndeclaredDelete:
+		return a.undeclaredDelete()
+	case FaultDeclaredDelete:
+		return a.arm(func(k *worker) bool { return held(k) && k.segments >= 2 }, func(k *worker) *bool { return &k.armed.declareDelete })
+	case FaultNamespaceTeardown:
+		return a.impersonatedTeardown()
+	case FaultIndexLag, FaultPlantedOwnForgery:
+		return false // only as the entry is created: see startIndexLag
 	}
 	return false
 }
@@ -241,7 +262,19 @@ type craftSpec struct {
 	mangle  func(string) string // rewrites the encoded fence annotation
 	// mangleLog rewrites the receipt log the write carries.
 	mangleLog func([]fence.Receipt) []fence.Receipt
+	// drop removes a protection mark from the write.
+	drop int
 }
+
+// The protection marks a write can drop.
+const (
+	dropNothing = iota
+	dropLabel
+	dropAnnotation
+	renameAnnotation
+)
+
+var dropNames = [...]string{"nothing", "the protected label", "the resource annotation", "the resource annotation renamed"}
 
 // craft builds a write of content onto the stored object, carrying env (its
 // payload set to the content's digest unless payload is given) and the receipt
@@ -279,6 +312,15 @@ func (a *adversary) rebuild(r *request) {
 	}
 	if c.mangle != nil {
 		ann[fence.AnnotationFence] = c.mangle(ann[fence.AnnotationFence])
+	}
+	switch c.drop {
+	case dropLabel:
+		delete(lbl, fence.LabelProtected)
+		setStringMap(obj, "labels", lbl)
+	case dropAnnotation:
+		delete(ann, fence.AnnotationResource)
+	case renameAnnotation:
+		ann[fence.AnnotationResource] = "another-entry"
 	}
 	if c.mangleLog != nil {
 		log, err := fence.ParseReceipts(ann[fence.AnnotationReceipts])
@@ -619,6 +661,9 @@ func (a *adversary) receiptLog() bool {
 	}
 	var how string
 	var mangle func([]fence.Receipt) []fence.Receipt
+	if a.w.obj.stored == nil {
+		return false // a create carries no stored log to tamper with
+	}
 	switch v := a.w.rng.IntN(3); {
 	case v == 0 && len(a.storedState().Receipts) > 0:
 		how, mangle = "the stored receipts dropped", func(l []fence.Receipt) []fence.Receipt { return l[len(l)-1:] }
@@ -643,4 +688,203 @@ func (a *adversary) receiptLog() bool {
 // where they are decided.
 func (a *adversary) onReply(rp *reply) {
 	a.w.tracef("adversary's write (%s, as %s): %s", rp.req.fault, rp.req.user, rp.summary())
+}
+
+// onAbsent fires a create of the target now if it is absent, else when it
+// is next deleted (during the faulty phase).
+func (a *adversary) onAbsent(fire func()) bool {
+	if a.w.obj.stored == nil {
+		fire()
+		return true
+	}
+	if len(a.whenAbsent) >= 4 {
+		return false
+	}
+	a.whenAbsent = append(a.whenAbsent, fire)
+	return true
+}
+
+// targetDeleted: the object was just deleted; the waiting creates go out.
+func (a *adversary) targetDeleted() {
+	fire := a.whenAbsent
+	a.whenAbsent = nil
+	if a.w.quiet || a.w.terminating {
+		return
+	}
+	for _, f := range fire {
+		f()
+	}
+}
+
+// strangerCreate: someone without a grant creates the absent target, with
+// or without the protection marks, without a fence.
+func (a *adversary) strangerCreate() {
+	a.sendStrangerCreate(FaultStrangerCreate)
+}
+
+func (a *adversary) sendStrangerCreate(f Fault) {
+	obj := newObject()
+	setData(obj, a.content())
+	how := "without label, annotation or fence"
+	if a.w.rng.IntN(3) == 0 {
+		setStringMap(obj, "labels", map[string]string{fence.LabelProtected: "true"})
+		setStringMap(obj, "annotations", map[string]string{fence.AnnotationResource: resourceName})
+		how = "labelled and annotated, without fence"
+	}
+	user := a.strangerOrCoTenant()
+	a.send(&request{kind: reqWriteObject, user: user, object: obj, create: true, fault: f})
+	a.injected(f, "%s creates the absent target %s", user, how)
+}
+
+func (a *adversary) strangerOrCoTenant() string {
+	if a.w.rng.IntN(2) == 0 {
+		return strangerUser
+	}
+	return a.otherUser("")
+}
+
+// plantedCreate: someone creates the absent target carrying fence state it
+// was never granted: the holder's envelope with a forged receipt, another
+// resource's genuine envelope, or an envelope forged for this resource, each
+// with planted receipts.
+func (a *adversary) plantedCreate() {
+	variant := a.w.rng.IntN(3)
+	if variant == plantOwnForgery && a.w.now.Before(a.w.indexLagUntil) {
+		variant = plantNeighbour // landing in the lag window is FaultPlantedOwnForgery's
+	}
+	a.sendPlantedCreate(FaultPlantedCreate, variant)
+}
+
+// The variants of sendPlantedCreate.
+const (
+	plantHolderEnvelope = iota // the holder's envelope, a forged receipt added
+	plantNeighbour             // another resource's genuine envelope
+	plantOwnForgery            // an envelope forged for this resource
+)
+
+func (a *adversary) sendPlantedCreate(f Fault, variant int) {
+	user := a.strangerOrCoTenant()
+	if src, ok := a.holderGrant(); ok && variant == plantHolderEnvelope {
+		g := src.g
+		forged := fence.Receipt{Fence: g.FenceToken + 7, Segment: 1, Operation: "planted"}
+		r := &request{kind: reqWriteObject, user: user, fault: f, rebuild: &craftSpec{
+			env: fence.Envelope{Grant: g, Proof: src.proof, Operation: "op-" + g.RequestID, Segment: a.nextSegment(g)}, content: a.content(),
+			mangleLog: func(l []fence.Receipt) []fence.Receipt {
+				forged.Payload, forged.Receipt = l[0].Payload, fence.ReceiptDigest(resourceID, forged.Fence, g.OperationRoot, 1, "planted", l[0].Payload)
+				return append([]fence.Receipt{forged}, l...)
+			}}}
+		a.rebuild(r)
+		a.send(r)
+		a.injected(f, "%s creates the target with the holder's envelope (fence %d) and a forged receipt", user, g.FenceToken)
+		return
+	}
+	// Unlabelled and unannotated: only the registry can tell it is a target.
+	obj := newObject()
+	setData(obj, a.content())
+	payload, _ := fence.PayloadDigest(fence.ObjectPayload(obj))
+	fenceToken := 90 + int64(a.w.rng.IntN(10))
+	g := grant.Grant{Schema: grant.Schema, Resource: neighbourResourceID, Owner: user, RequestID: "planted", Lease: "planted",
+		OperationRoot: lockclient.OperationRoot("planted"), FenceToken: fenceToken, BackendRevision: "1", PolicyGeneration: 1,
+		IssuerEpoch: a.w.reg.epoch, TTLSeconds: leaseSeconds, IssuedAt: a.w.now.UTC().Format(time.RFC3339)}
+	signer, how := issuerKey(), "a genuine envelope of "+neighbourResourceID
+	if variant == plantOwnForgery {
+		g.Resource, signer, how = resourceID, forgerKey(), "an envelope forged for this resource"
+	}
+	_, proof, err := signer.Sign(g)
+	if err != nil {
+		panic(err)
+	}
+	env := fence.Envelope{Grant: g, Proof: proof, Operation: "planted", Segment: 3, Payload: payload}
+	var planted []fence.Receipt
+	for seg := int64(1); seg <= 3; seg++ {
+		planted = append(planted, fence.Receipt{Fence: fenceToken, Segment: seg, Operation: "planted", Payload: payload,
+			Receipt: fence.ReceiptDigest(g.Resource, fenceToken, g.OperationRoot, seg, "planted", payload)})
+	}
+	setStringMap(obj, "annotations", map[string]string{fence.AnnotationFence: env.Encode(), fence.AnnotationReceipts: fence.EncodeReceipts(planted)})
+	a.send(&request{kind: reqWriteObject, user: user, object: obj, create: true, fault: f})
+	a.injected(f, "%s creates the target unlabelled with %s (fence %d) and 3 planted receipts", user, how, fenceToken)
+}
+
+// protectionRemoved: a write that drops the protected label or the resource
+// annotation, by the holder under its valid grant or by someone else.
+func (a *adversary) protectionRemoved() bool {
+	stored := a.w.obj.stored
+	if stored == nil {
+		return false
+	}
+	drop := 1 + a.w.rng.IntN(3)
+	if src, ok := a.holderGrant(); ok && a.w.rng.IntN(2) == 0 {
+		g := src.g
+		r := &request{kind: reqWriteObject, user: g.Owner, fault: FaultProtectionRemoved, rebuild: &craftSpec{
+			env: fence.Envelope{Grant: g, Proof: src.proof, Operation: "op-" + g.RequestID, Segment: a.nextSegment(g)}, content: a.content(), drop: drop}}
+		a.rebuild(r)
+		a.send(r)
+		return a.injected(FaultProtectionRemoved, "the holder %s's next segment (fence %d) drops %s", g.Owner, g.FenceToken, dropNames[drop])
+	}
+	obj := runtime.DeepCopyJSON(stored)
+	setRV(obj, "")
+	lbl, ann := labels(obj), annotations(obj)
+	switch drop {
+	case dropLabel:
+		delete(lbl, fence.LabelProtected)
+	case dropAnnotation:
+		delete(ann, fence.AnnotationResource)
+	default:
+		ann[fence.AnnotationResource] = "another-entry"
+	}
+	setStringMap(obj, "labels", lbl)
+	setStringMap(obj, "annotations", ann)
+	user := a.strangerOrCoTenant()
+	a.send(&request{kind: reqWriteObject, user: user, object: obj, fault: FaultProtectionRemoved})
+	return a.injected(FaultProtectionRemoved, "%s drops %s (no new fence)", user, dropNames[drop])
+}
+
+// undeclaredDelete: a process deletes the target without a declared
+// intent: a stale replica sharing the holder's (or an earlier holder's)
+// identity, or someone else.
+func (a *adversary) undeclaredDelete() bool {
+	if a.w.obj.stored == nil || len(a.issued) == 0 {
+		return false
+	}
+	user, who := a.issued[a.w.rng.IntN(len(a.issued))].g.Owner, "an earlier holder's identity"
+	if src, ok := a.holderGrant(); ok && a.w.rng.IntN(3) != 0 {
+		user, who = src.g.Owner, "the holder's identity"
+	} else if a.w.rng.IntN(3) == 0 {
+		user, who = strangerUser, "a stranger"
+	}
+	r := &request{kind: reqDeleteObject, user: user, fault: FaultUndeclaredDelete}
+	if a.w.rng.IntN(2) == 0 {
+		r.rv = resourceVersion(a.w.obj.stored)
+	}
+	a.send(r)
+	return a.injected(FaultUndeclaredDelete, "a stale process with %s (%s) deletes the target (resourceVersion %q)", who, user, r.rv)
+}
+
+// impersonatedTeardown: the namespace controller's identity deletes the
+// target while the namespace is not terminating. The real teardown comes at
+// the end of the schedule (world.teardown).
+func (a *adversary) impersonatedTeardown() bool {
+	if a.w.obj.stored == nil {
+		return false
+	}
+	a.send(&request{kind: reqDeleteObject, user: locksv1.NamespaceControllerUsername, fault: FaultNamespaceTeardown})
+	return a.injected(FaultNamespaceTeardown, "the namespace controller's identity deletes the target; the namespace is not terminating")
+}
+
+// startIndexLag: the FencedResource was just created and the webhook's
+// target index does not know it yet; someone creates the target meanwhile:
+// unfenced, with another resource's envelope (FaultIndexLag), or with an
+// envelope forged for this resource (FaultPlantedOwnForgery).
+func (a *adversary) startIndexLag(f Fault) {
+	d := time.Duration(1000+a.w.rng.IntN(4000)) * time.Millisecond
+	a.w.indexLagUntil = a.w.now.Add(d)
+	a.w.tracef("FAULT %s: the webhook's target index learns of the entry only at +%s", f, d)
+	switch {
+	case f == FaultPlantedOwnForgery:
+		a.sendPlantedCreate(f, plantOwnForgery)
+	case a.w.rng.IntN(2) == 0:
+		a.sendStrangerCreate(f)
+	default:
+		a.sendPlantedCreate(f, plantNeighbour)
+	}
 }

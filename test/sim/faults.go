@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 )
 
@@ -36,6 +37,17 @@ const (
 	FaultIssuerFailover
 	FaultPolicyChange
 	FaultReceiptLog
+	// The paths of issue 10: writes and deletes outside a labelled update.
+	FaultStrangerCreate
+	FaultPlantedCreate
+	FaultProtectionRemoved
+	FaultUndeclaredDelete
+	FaultDeclaredDelete
+	FaultNamespaceTeardown
+	FaultIndexLag
+	// FaultPlantedOwnForgery: in the index-lag window, an unlabelled create
+	// carrying an envelope forged for this very resource, with receipts.
+	FaultPlantedOwnForgery
 	numFaults
 )
 
@@ -46,6 +58,9 @@ var faultNames = [numFaults]string{
 	"oversized/out-of-range token", "tampered grant", "cross-resource proof replay", "revoked issuer epoch",
 	"stolen grant (other identity)", "payload mismatch", "write without fresh fence", "issuer failover (new epoch)",
 	"policy change (fenceFloor raised)", "tampered receipt log",
+	"stranger creates the absent target", "planted envelope/receipts on create", "protection label/annotation removed",
+	"undeclared delete (holder's identity)", "declared delete + re-create", "namespace teardown", "webhook index lags entry creation",
+	"planted forgery naming this resource (index lag)",
 }
 
 func (f Fault) String() string {
@@ -101,4 +116,9 @@ func (p faultPlan) String() string {
 		names[i] = f.String()
 	}
 	return strings.Join(names, ", ")
+}
+
+// planned reports whether the schedule injects f (enabled, not suppressed).
+func (p *faultPlan) planned(f Fault) bool {
+	return slices.Contains(p.enabled, f) && !slices.Contains(p.suppressed, f)
 }

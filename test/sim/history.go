@@ -19,6 +19,9 @@ import (
 
 // registerState is the fenced register's value.
 type registerState struct {
+	// Absent: the object does not exist; a deleted object keeps the fence
+	// state it was deleted with (the registry remembers it).
+	Absent  bool
 	Fence   int64
 	Grant   string // digest of the grant document
 	Segment int64
@@ -26,9 +29,14 @@ type registerState struct {
 }
 
 type registerInput struct {
-	Write bool
-	Valid bool // the write carries a readable fence annotation
-	Value registerState
+	Write  bool
+	Delete bool
+	Valid  bool // the write carries a readable fence annotation
+	Value  registerState
+	// AfterLostDelete: sent while a registry restore had taken back the
+	// record of the object's deletion (docs/security.md, Known limits): its
+	// segments may start over.
+	AfterLostDelete bool
 }
 
 type writeOutcome int
@@ -56,9 +64,13 @@ func newHistory() *history { return &history{} }
 // call records a read or write leaving its client.
 func (h *history) call(w *world, r *request, tick int64) int {
 	in := registerInput{}
-	if r.kind == reqWriteObject {
+	switch r.kind {
+	case reqWriteObject:
 		in.Write = true
 		in.Value, in.Valid = w.registerOf(r.object)
+		in.AfterLostDelete = w.oracle.deletedMemoryLost
+	case reqDeleteObject:
+		in.Delete = true
 	}
 	h.ops = append(h.ops, porcupine.Operation{Input: in, Call: tick, Return: math.MaxInt64})
 	h.answered = append(h.answered, false)
@@ -70,9 +82,7 @@ func (h *history) ret(w *world, rp *reply, tick int64) {
 	i := rp.req.historyOp
 	out := registerOutput{}
 	if rp.req.kind == reqGetObject {
-		if rp.object != nil {
-			out.Read, _ = w.registerOf(rp.object)
-		}
+		out.Read, _ = w.registerOf(rp.object)
 	} else {
 		switch {
 		case rp.status == replyOK && rp.verdict == fence.Unchanged:
@@ -89,8 +99,13 @@ func (h *history) ret(w *world, rp *reply, tick int64) {
 	h.answered[i] = true
 }
 
-// registerOf reads the register value an object holds.
+// registerOf reads the register value an object holds: its fence
+// annotation if that carries a grant the registry issued for this resource;
+// any other fence state counts for nothing (the zero value).
 func (w *world) registerOf(obj map[string]any) (registerState, bool) {
+	if obj == nil {
+		return registerState{Absent: true}, true
+	}
 	raw := annotations(obj)[fence.AnnotationFence]
 	if raw == "" {
 		return registerState{}, true
@@ -98,6 +113,9 @@ func (w *world) registerOf(obj map[string]any) (registerState, bool) {
 	e, err := w.readEnvelope(raw)
 	if err != nil || len(raw) > fence.MaxFenceAnnotationBytes {
 		return registerState{}, false
+	}
+	if _, genuine := w.oracle.issued[string(e.Grant)]; !genuine || e.grant.Resource != resourceID {
+		return registerState{}, true
 	}
 	return registerState{Fence: e.grant.FenceToken, Grant: e.digest, Segment: e.Segment, Payload: e.Payload}, true
 }
@@ -108,10 +126,18 @@ func follows(s, w registerState) bool {
 }
 
 var registerModel = (&porcupine.NondeterministicModel{
-	Init: func() []any { return []any{registerState{}} },
+	Init: func() []any { return []any{registerState{Absent: true}} },
 	Step: func(state, input, output any) []any {
 		s, in, out := state.(registerState), input.(registerInput), output.(registerOutput)
-		if !in.Write {
+		switch {
+		case in.Delete:
+			return deleteStep(s, out.Outcome)
+		case !in.Write && out.Read.Absent:
+			if s.Absent {
+				return []any{s}
+			}
+			return nil
+		case !in.Write:
 			if out.Read == s {
 				return []any{s}
 			}
@@ -130,6 +156,14 @@ var registerModel = (&porcupine.NondeterministicModel{
 			if in.Valid && follows(s, w) {
 				return []any{w}
 			}
+			if in.Valid && in.AfterLostDelete && s.Absent && w.Fence >= s.Fence && w.Segment == 1 {
+				return []any{w}
+			}
+			if in.Valid && w == (registerState{}) && s.Fence == 0 {
+				// An unfenced write before any fence: the documented
+				// index-lag window (the oracle judges when it may happen).
+				return []any{w}
+			}
 		case outcomeUnchanged:
 			if in.Valid && s == w {
 				return []any{s}
@@ -143,12 +177,33 @@ var registerModel = (&porcupine.NondeterministicModel{
 	},
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(registerInput), output.(registerOutput)
-		if !in.Write {
-			return fmt.Sprintf("read -> fence %d seg %d", out.Read.Fence, out.Read.Segment)
+		switch {
+		case in.Delete:
+			return fmt.Sprintf("delete -> %d", out.Outcome)
+		case !in.Write:
+			return fmt.Sprintf("read -> fence %d seg %d absent %t", out.Read.Fence, out.Read.Segment, out.Read.Absent)
 		}
 		return fmt.Sprintf("write fence %d seg %d -> %d", in.Value.Fence, in.Value.Segment, out.Outcome)
 	},
 }).ToModel()
+
+// deleteStep: an accepted delete makes the object absent, keeping its
+// fence state; a refused one changes nothing.
+func deleteStep(s registerState, o writeOutcome) []any {
+	gone := s
+	gone.Absent = true
+	switch {
+	case o == outcomeRejected:
+		return []any{s}
+	case s.Absent:
+		return nil // nothing to delete: the apiserver answers NotFound
+	case o == outcomeUnknown:
+		return []any{s, gone}
+	case o == outcomeAccepted:
+		return []any{gone}
+	}
+	return nil
+}
 
 // check runs the linearizability check on the schedule's history. Reads that
 // were never answered constrain nothing and are left out; writes that were
@@ -160,7 +215,7 @@ func (h *history) check(w *world) {
 			ops = append(ops, op)
 			continue
 		}
-		if op.Input.(registerInput).Write {
+		if in := op.Input.(registerInput); in.Write || in.Delete {
 			op.Output = registerOutput{Outcome: outcomeUnknown}
 			op.Return = w.tick + 1
 			ops = append(ops, op)

@@ -37,8 +37,20 @@ type oracle struct {
 	lastFence   int64
 	lastDigest  string
 	lastSegment int64
+	lastIntent  bool // the last accepted segment declares a delete
+	// maxFence is the highest fence any write the object stored carried
+	// under a grant the registry issued for this resource.
+	maxFence int64
+	// trustedLog is the receipt log of the last accepted write: the only log
+	// an accepted write may extend. Planted receipts never enter it; a
+	// declared delete empties it (the re-created object starts a new log).
+	trustedLog []oracleReceipt
 	// written is every segment the object stored, by fence/segment/operation.
 	written map[string]writtenSegment
+	// deletedMemoryLost: the object is deleted and a registry restore took
+	// back the entry's record of it (status.deletedTarget), the only memory
+	// of a deleted target (docs/security.md, "Known limits").
+	deletedMemoryLost bool
 }
 
 type writtenSegment struct {
@@ -84,6 +96,10 @@ const (
 	vRegressedToken
 	vUncheckedMutation
 	vReceiptLog
+	vUndeclaredDelete
+	vProtectionDropped
+	vPlantedInherited
+	vPlantedObserved
 	vUnknownMisresolved
 	vLiveness
 	vNotLinearizable
@@ -94,7 +110,9 @@ const (
 var violationNames = [...]string{"accepted stale write", "accepted forged/tampered/cross-resource grant",
 	"accepted unauthenticated write", "authentication failure changed highestFence", "accepted write from an expired owner",
 	"accepted skipped segment", "accepted regressed token", "mutation not checked",
-	"accepted write with a wrong receipt log", "MUTATION_UNKNOWN resolved wrongly", "liveness",
+	"accepted write with a wrong receipt log", "deletion not declared by the current holder",
+	"write that drops the protection label or annotation landed", "planted receipts inherited by an accepted write",
+	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly", "liveness",
 	"history not linearizable", "simulator error"}
 
 // Violation is one broken rule in one schedule.
@@ -177,6 +195,10 @@ func (o *oracle) decided(r *registry) {
 // restored follows a registry restore: the holder's lease is what it was
 // when the backup was taken.
 func (o *oracle) restored(s oracleRegistry) {
+	dt := o.w.reg.fr.Status.DeletedTarget
+	if o.w.obj.stored == nil && o.acceptedAny && (dt == nil || dt.FenceToken != o.lastFence || dt.Segment != o.lastSegment) {
+		o.deletedMemoryLost = true
+	}
 	o.reg = s.clone()
 	if o.reg.holder != "" {
 		o.deadlines[o.reg.holder] = o.reg.deadline
@@ -219,8 +241,26 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	if !committed {
 		return
 	}
-	res.Mutations++
 	what := o.w.describeWrite(obj) + " by " + req.user
+	if verdict == verdictNotProtected && o.knownLimit() {
+		// docs/security.md, "Known limits": the index does not know the
+		// entry yet and no grant was used at the object; its state counts
+		// for nothing (the planted-state rules below watch that).
+		res.KnownLimitWrites++
+		o.w.tracef("oracle: %s landed in the documented index-lag window (no grant used at the target yet)", what)
+		if e != nil && class != authForged && class != authCrossResource && class != authMalformed {
+			// "untrusted unless it is a real, bound grant of this entry":
+			// a genuine envelope is this entry's history, receipts and all.
+			o.recordAccepted(e)
+			o.trustedLog = nil
+			_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
+		}
+		return
+	}
+	res.Mutations++
+	if lacks := protectionLacking(obj); lacks != "" {
+		o.violation(vProtectionDropped, "%s stored without %s", what, lacks)
+	}
 	if verdict == fence.Accepted {
 		res.CheckedMutations++
 	} else {
@@ -256,6 +296,10 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	// The fence rules, against what the object accepted before.
 	f, seg := e.grant.FenceToken, e.Segment
 	switch {
+	case o.deletedMemoryLost && old == nil && f >= o.lastFence:
+		// Re-created after the registry forgot the deletion: the segments
+		// start over (staleness and authentication are still judged above).
+		res.DeletedMemoryLostWrites++
 	case !o.acceptedAny:
 		if seg != 1 {
 			o.violation(vSkippedSegment, "%s accepted as the object's first write", what)
@@ -269,11 +313,99 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	case f > o.lastFence && seg != 1:
 		o.violation(vSkippedSegment, "%s accepted as the first segment of fence %d", what, f)
 	}
-	if !o.receiptLogExtended(old, obj, e) {
+	switch o.receiptLogExtended(old, obj, e) {
+	case logInherited:
+		o.violation(vPlantedInherited, "%s accepted: its receipt log extends receipts that were planted, not accepted", what)
+	case logWrong:
 		o.violation(vReceiptLog, "%s accepted: its receipt log is not the stored log plus this segment", what)
 	}
 	o.recordAccepted(e)
+	o.deletedMemoryLost = false
+	o.trustedLog = nil
+	_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
 	res.Commits++
+}
+
+// knownLimit: the write falls in docs/security.md's documented window — the
+// webhook's index does not know the entry yet and no fenced write has been
+// accepted at the target.
+func (o *oracle) knownLimit() bool {
+	return o.w.now.Before(o.w.indexLagUntil) && !o.acceptedAny
+}
+
+// protectionLacking says which protection mark a stored target lacks.
+func protectionLacking(obj map[string]any) string {
+	switch {
+	case labels(obj)[fence.LabelProtected] != "true":
+		return "the label " + fence.LabelProtected + "=true"
+	case annotations(obj)[fence.AnnotationResource] != resourceName:
+		return "the annotation " + fence.AnnotationResource + "=" + resourceName
+	}
+	return ""
+}
+
+// judgeDelete judges a delete the acceptance point decided (DESIGN.md, the
+// DELETE rule): allowed only for the owner of the registry's current grant
+// after that grant's segment declaring the delete is the object's last
+// accepted one, or for the namespace controller emptying a terminating
+// namespace.
+func (o *oracle) judgeDelete(req *request, old map[string]any, allowed bool, verdict fence.Verdict) {
+	res := o.w.res
+	res.DeleteAttempts++
+	if !allowed {
+		return
+	}
+	if verdict == verdictNotProtected && o.knownLimit() {
+		res.KnownLimitWrites++ // the same documented window as an unfenced create
+		return
+	}
+	res.Deletes++
+	if o.w.terminating && req.user == locksv1.NamespaceControllerUsername {
+		res.TeardownDeletes++
+		return
+	}
+	what := fmt.Sprintf("delete by %s (verdict %s)", req.user, verdict)
+	if verdict != fence.Accepted {
+		o.violation(vUncheckedMutation, "%s removed the target", what)
+	}
+	now, r := o.w.now, o.w.reg
+	h := r.fr.Status.Holder
+	g, issued := o.holderGrant()
+	switch {
+	case h == nil || o.reg.holder == "" || h.Digest != o.reg.holder || !issued:
+		o.violation(vUndeclaredDelete, "%s while the registry's holder is %s", what, holderName(h))
+	case req.user != g.Owner:
+		o.violation(vUndeclaredDelete, "%s; the current grant belongs to %s", what, g.Owner)
+	case !now.Before(o.reg.deadline):
+		o.violation(vUndeclaredDelete, "%s after the current lease ended", what)
+	case g.PolicyGeneration != r.fr.Generation:
+		o.violation(vUndeclaredDelete, "%s under policy generation %d; the FencedResource is at %d", what, g.PolicyGeneration, r.fr.Generation)
+	case o.lastDigest != o.reg.holder || !o.lastIntent:
+		o.violation(vUndeclaredDelete, "%s: the object's last accepted segment (fence %d segment %d, intent %t) is not the current grant's declared delete",
+			what, o.lastFence, o.lastSegment, o.lastIntent)
+	}
+	// The re-created object continues this fence state with a new log.
+	o.trustedLog = nil
+	o.lastIntent = false
+}
+
+// holderGrant is the grant document the oracle's holder was issued.
+func (o *oracle) holderGrant() (oracleGrant, bool) {
+	for doc := range o.issued {
+		if digestOf([]byte(doc)) == o.reg.holder {
+			var g oracleGrant
+			return g, json.Unmarshal([]byte(doc), &g) == nil
+		}
+	}
+	return oracleGrant{}, false
+}
+
+// observedRecorded checks a highestObservedFence the registry records: it
+// may come only from fences the object stored under genuine grants.
+func (o *oracle) observedRecorded(highest int64) {
+	if highest > o.maxFence {
+		o.violation(vPlantedObserved, "highestObservedFence raised to %d; the highest fence the target stored under a genuine grant is %d", highest, o.maxFence)
+	}
 }
 
 func (o *oracle) recordAccepted(e *oracleEnvelope) {
@@ -281,7 +413,10 @@ func (o *oracle) recordAccepted(e *oracleEnvelope) {
 		return
 	}
 	o.acceptedAny = true
-	o.lastFence, o.lastDigest, o.lastSegment = e.grant.FenceToken, e.digest, e.Segment
+	o.lastFence, o.lastDigest, o.lastSegment, o.lastIntent = e.grant.FenceToken, e.digest, e.Segment, e.Intent == fence.IntentDelete
+	if _, genuine := o.issued[string(e.Grant)]; genuine && e.grant.Resource == resourceID {
+		o.maxFence = max(o.maxFence, e.grant.FenceToken)
+	}
 	o.written[segmentKey(e.grant.FenceToken, e.Segment, e.Operation)] = writtenSegment{e.Payload, o.w.tick}
 }
 
@@ -298,26 +433,44 @@ type oracleReceipt struct {
 	Receipt   string `json:"receipt"`
 }
 
-// receiptLogExtended: the new receipt log is the stored one plus this
-// segment's receipt (sha256 of "resourceID\nfence\nroot\nsegment\noperation\npayload"),
-// trimmed to the newest 32.
-func (o *oracle) receiptLogExtended(old, obj map[string]any, e *oracleEnvelope) bool {
-	var before, after []oracleReceipt
-	if old != nil {
-		if raw := annotations(old)[fence.AnnotationReceipts]; raw != "" && json.Unmarshal([]byte(raw), &before) != nil {
-			return false
-		}
-	}
+// Outcomes of the receipt-log check.
+const (
+	logExtended  = iota // the trusted log plus this segment
+	logInherited        // planted receipts plus this segment
+	logWrong
+)
+
+// receiptLogExtended: the new receipt log is the trusted log (the oracle's
+// own account: the log of the last accepted write) plus this segment's
+// receipt (sha256 of "resourceID\nfence\nroot\nsegment\noperation\npayload"),
+// trimmed to the newest 32. A log that extends the stored receipts when
+// those were planted (not the trusted log) is an inherited one.
+func (o *oracle) receiptLogExtended(old, obj map[string]any, e *oracleEnvelope) int {
+	var after []oracleReceipt
 	if json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &after) != nil {
-		return false
+		return logWrong
 	}
 	g := e.grant
-	want := append(before, oracleReceipt{Fence: g.FenceToken, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
-		Receipt: digestOf(fmt.Appendf(nil, "%s\n%d\n%s\n%d\n%s\n%s", resourceID, g.FenceToken, g.OperationRoot, e.Segment, e.Operation, e.Payload))})
-	if len(want) > 32 {
-		want = want[len(want)-32:]
+	r := oracleReceipt{Fence: g.FenceToken, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
+		Receipt: digestOf(fmt.Appendf(nil, "%s\n%d\n%s\n%d\n%s\n%s", resourceID, g.FenceToken, g.OperationRoot, e.Segment, e.Operation, e.Payload))}
+	extend := func(log []oracleReceipt) []oracleReceipt {
+		want := append(slices.Clone(log), r)
+		if len(want) > 32 {
+			want = want[len(want)-32:]
+		}
+		return want
 	}
-	return slices.Equal(want, after)
+	if slices.Equal(extend(o.trustedLog), after) {
+		return logExtended
+	}
+	var stored []oracleReceipt
+	if old != nil {
+		if raw := annotations(old)[fence.AnnotationReceipts]; raw != "" && json.Unmarshal([]byte(raw), &stored) == nil &&
+			len(stored) > 0 && !slices.Equal(stored, o.trustedLog) && slices.Equal(extend(stored), after) {
+			return logInherited
+		}
+	}
+	return logWrong
 }
 
 // unknownResolved checks a client's resolution of a MUTATION_UNKNOWN against
@@ -370,6 +523,7 @@ type oracleEnvelope struct {
 	Operation string          `json:"operation"`
 	Segment   int64           `json:"segment"`
 	Payload   string          `json:"payload"`
+	Intent    string          `json:"intent"`
 
 	grant  oracleGrant
 	digest string // of the grant document's bytes

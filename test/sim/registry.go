@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -287,6 +288,7 @@ func (r *registry) record(o observation) {
 	st := &r.fr.Status
 	changed := false
 	if o.highest > st.HighestObservedFence {
+		r.w.oracle.observedRecorded(o.highest)
 		st.HighestObservedFence, changed = o.highest, true
 	}
 	if o.regression != "" {
@@ -375,6 +377,15 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 			a.r.fr.DeepCopyInto(o)
 			return nil
 		}
+	case *corev1.Namespace:
+		// The webhook reads the namespace to recognise a teardown.
+		if key.Name == namespace {
+			*o = corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: map[string]string{"fencekeeper.dev/enrolled": "true"}}}
+			if a.r.w.terminating {
+				o.DeletionTimestamp = &metav1.Time{Time: a.r.w.now}
+			}
+			return nil
+		}
 	case *corev1.ConfigMap:
 		if key.Namespace == locksv1.DefaultNamespace && key.Name == locksv1.TrustBundleConfigMap {
 			*o = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
@@ -386,12 +397,62 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 }
 
 // List serves the webhook's target index: the one FencedResource, whatever
-// the selector (the webhook checks every candidate's target with a Get).
+// the selector (the webhook checks every candidate's target with a Get) —
+// or nothing while the index lags behind the entry's creation.
 func (a apiReader) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
 	l, ok := list.(*locksv1.FencedResourceList)
 	if !ok {
 		return fmt.Errorf("the simulated API server lists only FencedResources")
 	}
+	if a.r.w.now.Before(a.r.w.indexLagUntil) {
+		a.r.w.res.IndexLagLookups++
+		l.Items = nil
+		return nil
+	}
 	l.Items = []locksv1.FencedResource{*a.r.fr.DeepCopy()}
+	return nil
+}
+
+// statusWriter is the webhook's client for FencedResource status: it records
+// a deleted target's state (status.deletedTarget) before admitting a declared
+// delete. Only Status().Update is served; the rest of client.Client is nil.
+type statusWriter struct {
+	client.Client
+	r *registry
+}
+
+func (s statusWriter) Status() client.SubResourceWriter { return subResourceWriter(s) }
+
+type subResourceWriter statusWriter
+
+func (s subResourceWriter) Create(context.Context, client.Object, client.Object, ...client.SubResourceCreateOption) error {
+	return fmt.Errorf("the simulated API server serves only status updates")
+}
+
+func (s subResourceWriter) Patch(context.Context, client.Object, client.Patch, ...client.SubResourcePatchOption) error {
+	return fmt.Errorf("the simulated API server serves only status updates")
+}
+
+func (s subResourceWriter) Apply(context.Context, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
+	return fmt.Errorf("the simulated API server serves only status updates")
+}
+
+// Update is a compare-and-swap of the FencedResource's status.
+func (s subResourceWriter) Update(_ context.Context, obj client.Object, _ ...client.SubResourceUpdateOption) error {
+	fr, ok := obj.(*locksv1.FencedResource)
+	r := s.r
+	switch {
+	case !ok || fr.Namespace != r.fr.Namespace || fr.Name != r.fr.Name:
+		return apierrors.NewNotFound(schema.GroupResource{}, obj.GetName())
+	case fr.ResourceVersion != r.fr.ResourceVersion:
+		return apierrors.NewConflict(schema.GroupResource{Group: locksv1.GroupVersion.Group, Resource: "fencedresources"}, fr.Name, fmt.Errorf("resourceVersion %s is not %s", fr.ResourceVersion, r.fr.ResourceVersion))
+	}
+	fr.Status.DeepCopyInto(&r.fr.Status)
+	r.frWritten()
+	fr.ResourceVersion = r.fr.ResourceVersion
+	if dt := r.fr.Status.DeletedTarget; dt != nil {
+		r.w.tracef("registry: webhook records deletedTarget (fence %d segment %d grant %s)", dt.FenceToken, dt.Segment, short(dt.GrantDigest))
+	}
+	r.reconcile()
 	return nil
 }

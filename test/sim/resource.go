@@ -26,18 +26,24 @@ import (
 type AcceptFunc func(context.Context, admission.Request) admission.Response
 
 // resource is the in-memory API server of the protected ConfigMap. Like the
-// real one, it checks the resourceVersion precondition, calls the validating
-// webhook for objects that match its objectSelector (old or new object
-// labelled protected) with the stored object as the old object, and writes
-// only what the webhook allowed — one atomic step, as the apiserver runs
-// admission inside its compare-and-swap.
+// real one, it checks the resourceVersion and UID preconditions, calls the
+// validating webhook through the two entries of its configuration
+// (docs/security.md, "What is protected") with the stored object as the old
+// object, and writes or deletes only what the webhook allowed — one atomic
+// step, as the apiserver runs admission inside its compare-and-swap.
 type resource struct {
 	w          *world
+	v          *webhooks.ProtectedObjectValidator
 	stored     map[string]any // JSON form; nil while the object does not exist
 	storedJSON []byte         // its encoding, as the webhook receives it
 	rv         int64
 	accept     AcceptFunc
 	uid        int
+	objects    int // numbers the UIDs of created objects
+	// enrolled: the namespace carries fencekeeper.dev/enrolled=true. The
+	// FencedResource webhook labels it before it admits the entry, so it is
+	// true for as long as the entry exists: the whole schedule.
+	enrolled bool
 }
 
 // observation is what the webhook's StatusRecorder queues for the FencedResource status.
@@ -51,28 +57,38 @@ func newResource(w *world) *resource {
 	v := &webhooks.ProtectedObjectValidator{
 		Reader:   reader,
 		Index:    reader,
+		Writer:   statusWriter{r: w.reg},
 		Bundle:   &webhooks.TrustBundleSource{Reader: reader, Key: types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.TrustBundleConfigMap}},
 		Clock:    w.clock,
 		Recorder: discardEvents{},
-		// Never started: the recorder only queues here, and the simulator
-		// delivers the same observations itself (see observe), on its schedule.
-		Status: webhooks.NewStatusRecorder(nil, nil),
 	}
-	s := &resource{w: w, accept: v.Handle}
+	s := &resource{w: w, v: v, accept: v.Handle, enrolled: true}
 	if w.cfg.Acceptance != nil {
 		s.accept = w.cfg.Acceptance(s.accept)
 	}
 	return s
 }
 
-// serve answers a read or a write of the protected object.
+// routed is the webhook configuration's matching: vprotected sees labelled
+// objects (old or new), vprotected-enrolled the unlabelled ones in enrolled
+// namespaces. Both cover CREATE, UPDATE and DELETE.
+func (s *resource) routed(old, obj map[string]any) bool {
+	return isProtected(old) || isProtected(obj) || s.enrolled
+}
+
+// serve answers a read, a write or a delete of the protected object.
 func (s *resource) serve(req *request) *reply {
 	rp := &reply{req: req}
-	if req.kind == reqGetObject {
+	switch req.kind {
+	case reqGetObject:
 		if s.stored != nil {
 			rp.object = runtime.DeepCopyJSON(s.stored)
+		} else if dt := s.w.reg.fr.Status.DeletedTarget; dt != nil {
+			rp.deleted = dt.DeepCopy()
 		}
 		return rp
+	case reqDeleteObject:
+		return s.serveDelete(req, rp)
 	}
 	old := s.stored
 	switch {
@@ -82,19 +98,30 @@ func (s *resource) serve(req *request) *reply {
 		rp.status = replyNotFound
 	case !req.create && req.rv != "" && req.rv != strconv.FormatInt(s.rv, 10):
 		rp.status = replyConflict
+	case !req.create && uidOf(req.object) != "" && uidOf(req.object) != uidOf(old):
+		rp.status = replyConflict // the body names another incarnation of the object
 	}
 	if rp.status != replyOK { // refused before admission
 		s.w.res.countRefusal(rp.status, req.fault)
 		return rp
 	}
 	obj := runtime.DeepCopyJSON(req.object)
+	if old == nil {
+		s.objects++
+		metadata(obj)["uid"] = fmt.Sprintf("cm-uid-%d", s.objects)
+	} else {
+		metadata(obj)["uid"] = uidOf(old)
+	}
 	allowed := true
-	if isProtected(old) || isProtected(obj) { // the webhook's objectSelector
-		resp := s.admit(req.user, old, obj)
+	if s.routed(old, obj) {
+		op := admissionv1.Update
+		if old == nil {
+			op = admissionv1.Create
+		}
+		resp := s.admit(op, req.user, obj)
 		rp.verdict, rp.message = verdictOf(resp)
 		allowed = resp.Allowed
 		s.w.res.countVerdict(rp.verdict, req.fault)
-		s.observe(old, rp.verdict)
 	}
 	mutation := old == nil || !sameObject(old, obj)
 	s.w.oracle.judgeWrite(req, old, obj, allowed && mutation, rp.verdict)
@@ -113,18 +140,47 @@ func (s *resource) serve(req *request) *reply {
 			s.w.tracef("object: %s by %s %s", s.w.describeWrite(req.object), req.user, rp.verdict)
 		}
 	}
+	rp.rv = strconv.FormatInt(s.rv, 10)
 	return rp
 }
 
-// admit sends the write to the acceptance point as the apiserver would.
-func (s *resource) admit(user string, old, obj map[string]any) admission.Response {
+// serveDelete deletes the object if the preconditions hold and the webhook
+// allows it (the stored object is the admission request's old object).
+func (s *resource) serveDelete(req *request, rp *reply) *reply {
+	old := s.stored
+	switch {
+	case old == nil:
+		rp.status = replyNotFound
+	case req.rv != "" && req.rv != strconv.FormatInt(s.rv, 10):
+		rp.status = replyConflict
+	}
+	if rp.status != replyOK {
+		s.w.res.countRefusal(rp.status, req.fault)
+		return rp
+	}
+	resp := s.admit(admissionv1.Delete, req.user, nil)
+	rp.verdict, rp.message = verdictOf(resp)
+	s.w.res.countVerdict(rp.verdict, req.fault)
+	s.w.oracle.judgeDelete(req, old, resp.Allowed, rp.verdict)
+	if !resp.Allowed {
+		rp.status = replyDenied
+		s.w.tracef("object: delete by %s DENIED %s", req.user, rp.message)
+		return rp
+	}
+	s.rv++
+	s.stored, s.storedJSON = nil, nil
+	s.w.tracef("object: deleted by %s (%s)", req.user, rp.verdict)
+	s.w.adv.targetDeleted()
+	return rp
+}
+
+// admit sends the request to the acceptance point as the apiserver would,
+// and passes on what the webhook queued for the FencedResource status.
+func (s *resource) admit(op admissionv1.Operation, user string, obj map[string]any) admission.Response {
 	s.uid++
-	op := admissionv1.Update
-	var oldRaw []byte
-	if old == nil {
-		op = admissionv1.Create
-	} else {
-		oldRaw = s.storedJSON
+	var objRaw []byte
+	if obj != nil {
+		objRaw = mustJSON(obj)
 	}
 	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID:       types.UID(fmt.Sprintf("sim-%d", s.uid)),
@@ -134,22 +190,29 @@ func (s *resource) admit(user string, old, obj map[string]any) admission.Respons
 		Namespace: namespace,
 		Operation: op,
 		UserInfo:  authenticationv1.UserInfo{Username: user},
-		Object:    runtime.RawExtension{Raw: mustJSON(obj)},
-		OldObject: runtime.RawExtension{Raw: oldRaw},
+		Object:    runtime.RawExtension{Raw: objRaw},
+		OldObject: runtime.RawExtension{Raw: s.storedJSON},
 	}}
-	return s.accept(context.Background(), req)
-}
-
-// observe mirrors what the webhook queues for the FencedResource status after
-// a decision: the highest fence the stored object holds, and a regression.
-func (s *resource) observe(old map[string]any, v fence.Verdict) {
-	o := observation{highest: s.w.fenceOf(old)}
-	if v == fence.FenceRegression {
-		o.regression = "the registry went backwards"
-	}
-	if o.regression != "" || o.highest > s.w.reg.fr.Status.HighestObservedFence {
+	// A fresh recorder per decision: what it queued is this decision's
+	// observation, delivered to the registry on the simulator's schedule.
+	s.v.Status = webhooks.NewStatusRecorder(nil, nil)
+	resp := s.accept(context.Background(), req)
+	if o, ok := queuedObservation(s.v.Status); ok {
 		s.w.observations = append(s.w.observations, o)
 	}
+	return resp
+}
+
+// queuedObservation reads what the real webhook queued on its status
+// recorder (the recorder is never started here; its queue is unexported, so
+// it is read by reflection — read only).
+func queuedObservation(rec *webhooks.StatusRecorder) (observation, bool) {
+	pending := reflect.ValueOf(rec).Elem().FieldByName("pending")
+	for _, k := range pending.MapKeys() {
+		o := pending.MapIndex(k).Elem()
+		return observation{highest: o.FieldByName("highestFence").Int(), regression: o.FieldByName("regression").String()}, true
+	}
+	return observation{}, false
 }
 
 // verdictOf reads the verdict code the admission message starts with.
@@ -158,11 +221,28 @@ func verdictOf(resp admission.Response) (fence.Verdict, string) {
 	if resp.Result != nil {
 		msg = resp.Result.Message
 	}
+	switch {
+	case resp.Allowed && strings.HasPrefix(msg, "not protected"):
+		return verdictNotProtected, msg
+	case resp.Allowed && strings.HasPrefix(msg, "namespace teardown"):
+		return verdictTeardown, msg
+	}
 	code, _, ok := strings.Cut(msg, ":")
 	if !ok || code == "" || strings.ToUpper(code) != code {
 		return "ERRORED", msg
 	}
 	return fence.Verdict(code), msg
+}
+
+// The webhook's verdict labels of writes it lets through without fence.Decide.
+const (
+	verdictNotProtected fence.Verdict = "NOT_PROTECTED"
+	verdictTeardown     fence.Verdict = "NAMESPACE_TEARDOWN"
+)
+
+func uidOf(obj map[string]any) string {
+	u, _ := metadata(obj)["uid"].(string)
+	return u
 }
 
 func isProtected(obj map[string]any) bool {

@@ -54,6 +54,15 @@ type Counters struct {
 	JobsDone         int64
 	JobsAbandoned    int64
 
+	DeleteAttempts   int64 // deletes the acceptance point decided
+	Deletes          int64 // of those, the ones that removed the target
+	TeardownDeletes  int64 // of those, the namespace controller's during teardown
+	KnownLimitWrites int64 // unfenced writes in the documented index-lag window
+	// DeletedMemoryLostWrites: re-creations whose segments started over
+	// because a registry restore took back the record of the deletion.
+	DeletedMemoryLostWrites int64
+	IndexLagLookups  int64 // target-index lookups answered while the index lagged
+
 	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
 	UnknownApplied       int64
 	UnknownAbsent        int64
@@ -107,6 +116,12 @@ func (c *Counters) add(o *Counters) {
 	c.GrantsIssued += o.GrantsIssued
 	c.JobsDone += o.JobsDone
 	c.JobsAbandoned += o.JobsAbandoned
+	c.DeleteAttempts += o.DeleteAttempts
+	c.Deletes += o.Deletes
+	c.TeardownDeletes += o.TeardownDeletes
+	c.KnownLimitWrites += o.KnownLimitWrites
+	c.DeletedMemoryLostWrites += o.DeletedMemoryLostWrites
+	c.IndexLagLookups += o.IndexLagLookups
 	c.UnknownOutcomes += o.UnknownOutcomes
 	c.UnknownApplied += o.UnknownApplied
 	c.UnknownAbsent += o.UnknownAbsent

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/anishathalye/porcupine"
+	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
@@ -53,7 +54,7 @@ func TestReleaseGates(t *testing.T) {
 	for _, v := range []fence.Verdict{fence.Accepted, fence.Unchanged, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant,
 		fence.WrongResource, fence.WrongOwner, fence.RevokedEpoch, fence.PayloadMismatch, fence.FenceRegression, fence.StaleOwner,
 		fence.RootMismatch, fence.NotHeld, fence.PolicyStale, fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined,
-		fence.ReceiptLogMismatch} {
+		fence.ReceiptLogMismatch, fence.ProtectionRemoved, fence.DeleteNotDeclared, verdictTeardown, verdictNotProtected} {
 		if rep.Verdicts[v] == 0 {
 			t.Errorf("no schedule produced verdict %s", v)
 		}
@@ -100,6 +101,12 @@ func equalFenceOtherRoot(req admission.Request) bool {
 	return err == nil && err2 == nil && e.Grant.FenceToken == st.HighestFence && e.Grant.OperationRoot != st.Root
 }
 
+// labelled reports whether an admission request's object carries the protected label.
+func labelled(raw []byte) bool {
+	obj := map[string]any{}
+	return json.Unmarshal(raw, &obj) == nil && isProtected(obj)
+}
+
 // TestOracleCatchesBrokenRules shows that the checker can fail: each broken
 // acceptance rule makes the oracle report the violations it causes.
 func TestOracleCatchesBrokenRules(t *testing.T) {
@@ -127,10 +134,29 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 		{"accepts a receipt log that is not the stored log plus the segment", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.ReceiptLogMismatch
 		}, []Fault{FaultReceiptLog}, vReceiptLog},
+		// The paths of issue 10.
+		{"allows unlabelled creates", func(req admission.Request, v fence.Verdict) bool {
+			return v == fence.FenceRequired && req.Operation == admissionv1.Create && !labelled(req.Object.Raw)
+		}, []Fault{FaultStrangerCreate}, vOtherAuthAccepted},
+		{"allows label removal", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.ProtectionRemoved
+		}, []Fault{FaultProtectionRemoved}, vProtectionDropped},
+		// Planting needs two rules broken: fence state on a non-target, then
+		// the planted log trusted.
+		{"trusts planted receipts (inherits them)", func(req admission.Request, v fence.Verdict) bool {
+			return (v == fence.WrongResource && len(req.OldObject.Raw) == 0) ||
+				(v == fence.ReceiptLogMismatch && len(req.OldObject.Raw) > 0 && !labelled(req.OldObject.Raw))
+		}, []Fault{FaultPlantedOwnForgery}, vPlantedInherited},
+		{"allows undeclared deletes", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.DeleteNotDeclared
+		}, []Fault{FaultUndeclaredDelete}, vUndeclaredDelete},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rep := Run(1, 400, 0, Config{Acceptance: brokenRule(c.allow), Faults: c.faults, StopAtFirstViolation: true}, nil)
+			// Planting is itself caught first (a forged grant accepted at a
+			// non-target); run on to see the inheritance caught too.
+			stop := c.want != vPlantedInherited
+			rep := Run(1, 400, 0, Config{Acceptance: brokenRule(c.allow), Faults: c.faults, StopAtFirstViolation: stop}, nil)
 			if rep.Violated[c.want] == 0 {
 				t.Fatalf("the oracle reported no %q over %d schedules (violations %v)", violationNames[c.want], rep.Schedules, rep.Violated)
 			}

@@ -42,6 +42,8 @@ type worker struct {
 	armed       armedFaults
 	// retries counts denied writes that are worth retrying under one lock.
 	retries int
+	// abandoned counts jobs given up after maxTriesPerJob acquisitions.
+	abandoned int
 }
 
 // clientLock is the worker's view of one acquisition.
@@ -68,6 +70,9 @@ type clientLock struct {
 	rewrite bool
 	// rewriteFault carries the fault of the write that met the conflict.
 	rewriteFault Fault
+	// deleted: this lock deleted the object; its re-creation is tagged
+	// with FaultDeclaredDelete.
+	deleted bool
 }
 
 type unknownWrite struct {
@@ -80,6 +85,10 @@ type unknownWrite struct {
 // request of a kind.
 type armedFaults struct {
 	lostRenewal, lostAcquire, lostWriteAck, delayWrite, skipSegment, reacquire, pauseBeforeWrite bool
+	// declareDelete: the next segment declares a delete (lockclient's
+	// Operation.Delete), the object is deleted, and the next segment
+	// re-creates it.
+	declareDelete bool
 }
 
 func newWorker(w *world, name string, jobs, segments int) *worker {
@@ -303,10 +312,12 @@ func (k *worker) onReply(rp *reply) {
 		if k.unknown != nil {
 			k.resolve(rp.object, rp.served)
 		} else {
-			k.prepare(rp.object)
+			k.prepare(rp.object, rp.deleted)
 		}
 	case reqWriteObject:
 		k.writeAnswered(rp)
+	case reqDeleteObject:
+		k.deleteAnswered(rp)
 	}
 }
 
@@ -402,6 +413,7 @@ func (k *worker) jobDone(abandoned bool) {
 	k.jobsLeft--
 	k.tries = 0
 	if abandoned {
+		k.abandoned++
 		k.w.res.JobsAbandoned++
 	} else {
 		k.w.res.JobsDone++
@@ -428,7 +440,7 @@ func (k *worker) reacquireAtOnce() {
 
 // prepare builds the next segment's write from the object as read; the guard
 // is checked here, before the effect is started.
-func (k *worker) prepare(obj map[string]any) {
+func (k *worker) prepare(obj map[string]any, deleted *locksv1.DeletedTarget) {
 	l := k.lock
 	if l == nil || l.state != lockclient.StateHeld || l.releasing {
 		return // no new effect unless HELD
@@ -445,8 +457,11 @@ func (k *worker) prepare(obj map[string]any) {
 		return
 	}
 	segment := int64(1)
-	if st.HighestFence == l.grant.FenceToken && st.GrantDigest == l.digest {
+	switch {
+	case exists && st.HighestFence == l.grant.FenceToken && st.GrantDigest == l.digest:
 		segment = st.LastSegment + 1
+	case !exists && deleted != nil && deleted.GrantDigest == l.digest:
+		segment = deleted.Segment + 1 // lockclient's segmentAfterDelete
 	}
 	if segment > int64(k.segments) {
 		l.committed = max(l.committed, segment-1) // already applied (a resolved write or a replay)
@@ -463,7 +478,20 @@ func (k *worker) prepare(obj map[string]any) {
 		k.w.res.Faults[FaultOutOfOrderSegment]++
 		k.w.tracef("FAULT %s: %s numbers its next segment %d", FaultOutOfOrderSegment, k.name, segment)
 	}
-	setData(obj, segmentContent(l.operation, segment))
+	intent := ""
+	switch {
+	case k.armed.declareDelete && exists && segment < int64(k.segments) && fault == faultNone:
+		// Operation.Delete: the next segment, same content, intent "delete".
+		k.armed.declareDelete = false
+		intent, fault = fence.IntentDelete, FaultDeclaredDelete
+		k.w.res.Faults[FaultDeclaredDelete]++
+		k.w.tracef("FAULT %s: %s declares a delete with segment %d", FaultDeclaredDelete, k.name, segment)
+	case !exists && l.deleted:
+		fault = FaultDeclaredDelete // the re-creation
+	}
+	if intent == "" {
+		setData(obj, segmentContent(l.operation, segment))
+	}
 	lbl := labels(obj)
 	lbl[fence.LabelProtected] = "true"
 	setStringMap(obj, "labels", lbl)
@@ -472,12 +500,13 @@ func (k *worker) prepare(obj map[string]any) {
 	if err != nil {
 		panic(err)
 	}
-	receipt, err := fence.Stamp(ann, fence.Envelope{Grant: l.grant, Proof: l.proof, Operation: l.operation, Segment: segment, Payload: payload})
+	receipt, err := fence.Stamp(ann, fence.Envelope{Grant: l.grant, Proof: l.proof, Operation: l.operation, Segment: segment, Payload: payload, Intent: intent})
 	if err != nil {
 		panic(err)
 	}
 	setStringMap(obj, "annotations", ann)
-	k.prepared = &request{kind: reqWriteObject, create: !exists, object: obj, rv: resourceVersion(obj), receipt: receipt, fault: fault}
+	k.prepared = &request{kind: reqWriteObject, create: !exists, object: obj, rv: resourceVersion(obj), receipt: receipt, fault: fault,
+		deleteAfter: intent != ""}
 	k.wakeAt = k.w.now
 }
 
@@ -508,6 +537,10 @@ func (k *worker) writeAnswered(rp *reply) {
 		if l != nil && l.digest == k.w.grantDigestOf(r) {
 			l.committed = max(l.committed, r.receipt.Segment)
 			l.workUntil = k.w.now.Add(computeTime(k.w))
+			if r.deleteAfter && rp.status == replyOK && l.state == lockclient.StateHeld && !l.releasing {
+				// Delete exactly the object the intent segment wrote.
+				k.send(&request{kind: reqDeleteObject, rv: rp.rv, fault: FaultDeclaredDelete})
+			}
 		}
 	case rp.status != replyDenied:
 		// Conflict or a concurrent create: read again and renumber.
@@ -521,6 +554,21 @@ func (k *worker) writeAnswered(rp *reply) {
 		}
 	default:
 		k.giveUp() // this grant can write no more
+	}
+}
+
+// deleteAnswered: a declared delete's answer. Gone or deleted: the next
+// segment re-creates the object; a conflict (something was written after
+// the intent) leaves it, and the next segment updates it; a denial ends
+// this lock's writing.
+func (k *worker) deleteAnswered(rp *reply) {
+	l := k.lock
+	switch {
+	case l == nil:
+	case rp.status == replyOK || rp.status == replyNotFound:
+		l.deleted = true
+	case rp.status == replyDenied:
+		k.giveUp()
 	}
 }
 

@@ -44,16 +44,17 @@ var simStart = time.Date(2026, 7, 19, 10, 0, 0, 0, time.UTC)
 type requestKind int
 
 const (
-	reqCreateGrant requestKind = iota // create a LockGrant (acquire)
-	reqGetGrant                       // read a LockGrant (poll, query, confirm)
-	reqRenew                          // bump spec.renewals
-	reqRelease                        // set spec.release
-	reqGetObject                      // read the protected object
-	reqWriteObject                    // create or update the protected object
+	reqCreateGrant  requestKind = iota // create a LockGrant (acquire)
+	reqGetGrant                        // read a LockGrant (poll, query, confirm)
+	reqRenew                           // bump spec.renewals
+	reqRelease                         // set spec.release
+	reqGetObject                       // read the protected object
+	reqWriteObject                     // create or update the protected object
+	reqDeleteObject                    // delete the protected object
 )
 
 func (k requestKind) String() string {
-	return [...]string{"create LockGrant", "get LockGrant", "renew", "release", "get object", "write object"}[k]
+	return [...]string{"create LockGrant", "get LockGrant", "renew", "release", "get object", "write object", "delete object"}[k]
 }
 
 // request is one message from a client to a server. Everything a server needs
@@ -69,7 +70,7 @@ type request struct {
 	renewals  int64                 // reqRenew: the spec.renewals to write
 
 	object map[string]any // reqWriteObject: the object to store (JSON form)
-	rv     string         // reqWriteObject: resourceVersion precondition ("" = unconditional)
+	rv     string         // reqWriteObject, reqDeleteObject: resourceVersion precondition ("" = unconditional)
 	create bool           // reqWriteObject: a create rather than an update
 
 	receipt fence.Receipt // a worker's write: the receipt it expects
@@ -77,6 +78,9 @@ type request struct {
 	// rebuild, for an adversary's write, rebuilds it onto the object as it
 	// is when the write arrives (see adversary.craft).
 	rebuild *craftSpec
+	// deleteAfter: a worker's delete-intent segment; once it is applied the
+	// worker deletes the object at the resourceVersion it wrote.
+	deleteAfter bool
 
 	notBefore   time.Time // a delayed message is not delivered before this
 	dropRequest bool      // lost on the way: never processed
@@ -107,7 +111,11 @@ type reply struct {
 	message string
 	grant   *locksv1.LockGrant // LockGrant requests
 	object  map[string]any     // reqGetObject: the stored object, nil when absent
-	served  int64              // the tick at which the server processed the request
+	// deleted is the FencedResource's status.deletedTarget, read with an
+	// absent object (the client library's segmentAfterDelete).
+	deleted *locksv1.DeletedTarget
+	rv      string // a write's new resourceVersion
+	served  int64  // the tick at which the server processed the request
 }
 
 // world is one schedule.
@@ -137,9 +145,14 @@ type world struct {
 	quiet      bool // the faults stopped; the liveness check runs
 	quietSince time.Time
 	nextID     int64
-	res        *Result
-	actions    []action
-	envelopes  map[string]parsedEnvelope // see readEnvelope
+	// indexLagUntil: until then the webhook's target index does not know the
+	// FencedResource (it was just created; the informer lags).
+	indexLagUntil time.Time
+	// terminating: the namespace is being deleted (the teardown at the end).
+	terminating bool
+	res         *Result
+	actions     []action
+	envelopes   map[string]parsedEnvelope // see readEnvelope
 }
 
 type actionKind int
@@ -175,6 +188,12 @@ func newWorld(seed uint64, cfg Config) *world {
 		w.workers = append(w.workers, newWorker(w, fmt.Sprintf("worker-%d", i+1), 1+w.rng.IntN(2), 1+w.rng.IntN(3)))
 	}
 	w.tracef("schedule seed %d: %d workers; faults enabled: %s", seed, n, w.faults)
+	switch {
+	case w.faults.planned(FaultPlantedOwnForgery):
+		w.adv.startIndexLag(FaultPlantedOwnForgery)
+	case w.faults.planned(FaultIndexLag):
+		w.adv.startIndexLag(FaultIndexLag)
+	}
 	return w
 }
 
@@ -194,6 +213,9 @@ func (w *world) run() *Result {
 			break
 		}
 	}
+	if w.faults.planned(FaultNamespaceTeardown) && !(w.cfg.StopAtFirstViolation && len(w.res.Violations) > 0) {
+		w.teardown()
+	}
 	w.finish()
 	return w.res
 }
@@ -205,6 +227,9 @@ func (w *world) done() bool {
 	// Done when the probe committed and every unknown outcome is settled.
 	settled := !slices.ContainsFunc(w.workers, func(k *worker) bool { return k.unknown != nil })
 	if w.probe.finishedAll() && settled {
+		if w.probe.abandoned > 0 {
+			w.oracle.violation(vLiveness, "a correct owner (%s) gave its operation up after %d acquisitions", w.probe.name, maxTriesPerJob)
+		}
 		return true
 	}
 	if w.now.Sub(w.quietSince) > livenessBound {
@@ -338,7 +363,7 @@ func (w *world) send(r *request) {
 	w.nextID++
 	r.id, r.sentAt, r.historyOp = w.nextID, w.now, -1
 	w.tick++
-	if r.kind == reqGetObject || r.kind == reqWriteObject {
+	if r.kind == reqGetObject || r.kind == reqWriteObject || r.kind == reqDeleteObject {
 		r.historyOp = w.hist.call(w, r, w.tick)
 	}
 	w.requests = append(w.requests, r)
@@ -355,7 +380,7 @@ func (w *world) deliverRequest(r *request) {
 	}
 	var rp *reply
 	switch r.kind {
-	case reqGetObject, reqWriteObject:
+	case reqGetObject, reqWriteObject, reqDeleteObject:
 		rp = w.obj.serve(r)
 	default:
 		rp = w.reg.serve(r)
@@ -378,6 +403,27 @@ func (w *world) deliverReply(rp *reply) {
 		return
 	}
 	rp.req.from.onReply(rp)
+}
+
+// teardown ends the schedule by deleting the namespace: it terminates, the
+// namespace controller deletes what it holds (the webhook lets it, audited),
+// and the entry goes with it. Someone else's delete riding the teardown is
+// still judged by the DELETE rule.
+func (w *world) teardown() {
+	if w.obj.stored == nil {
+		return
+	}
+	w.terminating = true
+	w.res.Faults[FaultNamespaceTeardown]++
+	w.tracef("FAULT %s: namespace %s terminates", FaultNamespaceTeardown, namespace)
+	for _, user := range []string{strangerUser, locksv1.NamespaceControllerUsername} {
+		w.tick++
+		rp := w.obj.serve(&request{kind: reqDeleteObject, user: user, fault: FaultNamespaceTeardown, historyOp: -1})
+		w.tracef("teardown: delete by %s: %s", user, rp.summary())
+	}
+	if w.obj.stored != nil {
+		w.oracle.violation(vLiveness, "the namespace controller could not delete the target while the namespace terminates")
+	}
 }
 
 // finish runs the end-of-schedule checks.

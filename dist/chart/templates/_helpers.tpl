@@ -1,0 +1,40 @@
+{{/* The operator's namespace. */}}
+{{- define "fencekeeper.namespace" -}}
+{{- required "namespace.name is required" .Values.namespace.name -}}
+{{- end -}}
+
+{{/* Labels the chart adds to every object's metadata (never to selectors or
+the pod template, so that a kustomize install can be taken over by Helm). */}}
+{{- define "fencekeeper.chartLabels" -}}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: fencekeeper
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The pod selector of the manager. */}}
+{{- define "fencekeeper.selector" -}}
+control-plane: controller-manager
+{{- end -}}
+
+{{- define "fencekeeper.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "fencekeeper.serviceHost" -}}
+{{- printf "fencekeeper-webhook-service.%s.svc" (include "fencekeeper.namespace" .) -}}
+{{- end -}}
+
+{{- define "fencekeeper.validate" -}}
+{{- if not (has .Values.certificates.mode (list "cert-manager" "self-signed")) -}}
+{{- fail (printf "certificates.mode=%q: use cert-manager or self-signed" .Values.certificates.mode) -}}
+{{- end -}}
+{{- if and (eq .Values.certificates.mode "self-signed") (gt (int .Values.replicas) 1) -}}
+{{- fail "certificates.mode=self-signed supports replicas=1 only: each replica generates its own CA and the last one to patch the caBundle wins; use cert-manager for more replicas" -}}
+{{- end -}}
+{{- range .Values.protectedKinds -}}
+{{- if or (not .resource) (not .version) (hasKey . "group" | not) -}}
+{{- fail (printf "protectedKinds entry %v: group (\"\" for the core group), version and resource (plural) are required" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
