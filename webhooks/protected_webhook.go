@@ -171,7 +171,7 @@ const notProtected = "NOT_PROTECTED"
 // about to become one (or that a webhook replica's cache does not yet know
 // as one — the write is then refused until it does).
 func nonTarget(r *request) admission.Response {
-	if writesFenceState(r) {
+	if writes, _ := fenceStateChange(r); writes {
 		decisions.WithLabelValues(string(fence.WrongResource), "", "false").Inc()
 		return admission.Denied(fmt.Sprintf("WRONG_RESOURCE: no FencedResource names %s %s as its target, and %s and %s annotations are only written to a target (if its FencedResource was just created, retry)",
 			r.kind, r.name, fence.AnnotationFence, fence.AnnotationReceipts))
@@ -392,7 +392,7 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *
 	if mode == "" {
 		mode = locksv1.EnforcementShadow
 	}
-	if mode == locksv1.EnforcementShadow && !d.Verdict.Allowed() && plantsFenceState(r) {
+	if _, changes := fenceStateChange(r); mode == locksv1.EnforcementShadow && !d.Verdict.Allowed() && changes {
 		// Shadow lets unfenced content through, never fence state: whatever
 		// the stored annotations say must have been accepted here.
 		mode = locksv1.EnforcementEnforce
@@ -416,11 +416,12 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *
 	return admission.Denied(d.Message)
 }
 
-// writesFenceState reports whether a write adds or changes (not only removes)
-// a fence or receipt annotation.
-func writesFenceState(r *request) bool {
+// fenceStateChange says how a write changes the fence and receipt
+// annotations: writes adds or changes one (to a non-empty value); changes
+// also counts removing one.
+func fenceStateChange(r *request) (writes, changes bool) {
 	if r.newObj == nil || r.SubResource != "" {
-		return false
+		return false, false
 	}
 	var before map[string]string
 	if r.oldObj != nil {
@@ -428,25 +429,12 @@ func writesFenceState(r *request) bool {
 	}
 	after := r.newObj.GetAnnotations()
 	for _, k := range []string{fence.AnnotationFence, fence.AnnotationReceipts} {
-		if after[k] != "" && after[k] != before[k] {
-			return true
+		if after[k] != before[k] {
+			changes = true
+			writes = writes || after[k] != ""
 		}
 	}
-	return false
-}
-
-// plantsFenceState reports whether a write sets fence annotations other than
-// the stored ones.
-func plantsFenceState(r *request) bool {
-	if r.newObj == nil || r.SubResource != "" {
-		return false
-	}
-	var before map[string]string
-	if r.oldObj != nil {
-		before = r.oldObj.GetAnnotations()
-	}
-	after := r.newObj.GetAnnotations()
-	return before[fence.AnnotationFence] != after[fence.AnnotationFence] || before[fence.AnnotationReceipts] != after[fence.AnnotationReceipts]
+	return writes, changes
 }
 
 // observe queues what the registry should know: the highest fence the target
