@@ -61,7 +61,7 @@ type Counters struct {
 	// DeletedMemoryLostWrites: re-creations whose segments started over
 	// because a registry restore took back the record of the deletion.
 	DeletedMemoryLostWrites int64
-	IndexLagLookups  int64 // target-index lookups answered while the index lagged
+	IndexLagLookups         int64 // target-index lookups answered while the index lagged
 
 	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
 	UnknownApplied       int64
