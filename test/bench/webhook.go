@@ -100,7 +100,12 @@ func newFencedPair(ctx context.Context, e *env, ns, name string, lc *lockclient.
 	if err := kube.Get(ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
 		return nil, err
 	}
-	twin := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-u", Annotations: maps.Clone(cm.Annotations)}, Data: maps.Clone(cm.Data)}
+	// The twin names the entry but is not its target, so it may carry no
+	// fence state (the webhook refuses fence annotations on non-targets).
+	twinAnnotations := maps.Clone(cm.Annotations)
+	delete(twinAnnotations, fence.AnnotationFence)
+	delete(twinAnnotations, fence.AnnotationReceipts)
+	twin := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-u", Annotations: twinAnnotations}, Data: maps.Clone(cm.Data)}
 	if err := kube.Create(ctx, twin); err != nil {
 		return nil, err
 	}
@@ -121,12 +126,14 @@ func (p *fencedPair) update(ctx context.Context, kind int) (time.Duration, error
 	if err != nil {
 		return 0, err
 	}
-	g, proof := p.lock.Grant()
-	ann := maps.Clone(cm.Annotations)
-	if _, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: p.op, Segment: p.seg[kind] + 1, Payload: payload}); err != nil {
-		return 0, err
+	if kind == 0 {
+		g, proof := p.lock.Grant()
+		ann := maps.Clone(cm.Annotations)
+		if _, err := fence.Stamp(ann, fence.Envelope{Grant: g, Proof: proof, Operation: p.op, Segment: p.seg[kind] + 1, Payload: payload}); err != nil {
+			return 0, err
+		}
+		cm.Annotations = ann
 	}
-	cm.Annotations = ann
 	t := time.Now()
 	err = p.kube.Update(ctx, cm)
 	d := time.Since(t)

@@ -202,7 +202,10 @@ var _ = Describe("the worker client", func() {
 	})
 
 	It("resolves a lost write ACK from the receipts: applied, and proven absent", func() {
-		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		// A 60 s lease: renewals every 20 s stay clear of the commits, so a
+		// slow confirmation on a busy machine cannot make ownership unknown
+		// in the middle of the spec (that state is right, but not under test).
+		t := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce, func(fr *locksv1.FencedResource) { fr.Spec.LeaseDurationSeconds = 60 })
 		c, f := faultyWorker(ns, "worker-a")
 		l := acquire(c, "batch", "job-1", &stateLog{})
 		op := l.Operation("settle-2026-07-19")
