@@ -222,6 +222,16 @@ func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*lock
 	if err := v.Index.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetField: key}); err != nil {
 		return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
 	}
+	if len(indexed.Items) == 0 && len(names) == 0 && r.Operation == admissionv1.Create {
+		// A create the index does not know: ask the API server, so that a
+		// replica whose cache has not yet seen a new entry cannot let a
+		// stranger create its target (for instance right after its holder
+		// deleted it). Updates need no such read: an existing target either
+		// names its entry or has never been written under a grant.
+		if err := v.Reader.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetNameField: r.name}); err != nil {
+			return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
+		}
+	}
 	for _, fr := range indexed.Items {
 		if !slices.Contains(names, fr.Name) {
 			names = append(names, fr.Name)

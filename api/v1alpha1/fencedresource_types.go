@@ -287,6 +287,7 @@ type DeletedTarget struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=fr,categories=fencekeeper
+// +kubebuilder:selectablefield:JSONPath=`.spec.target.name`
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resourceID`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.owner`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`

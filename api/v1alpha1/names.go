@@ -30,6 +30,9 @@ const (
 	// FencedResourceTargetField is the webhooks' cache index of
 	// FencedResources by target ("group/kind/name", see TargetKey).
 	FencedResourceTargetField = "spec.target"
+	// FencedResourceTargetNameField is FencedResource's selectable field
+	// naming its target object (the API server filters by it).
+	FencedResourceTargetNameField = "spec.target.name"
 	// LabelEnrolledNamespace marks a namespace that holds FencedResources:
 	// the protected-object webhook sees every write of a protected kind there,
 	// labelled or not. The operator sets and removes it; nobody else should.

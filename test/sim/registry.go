@@ -396,21 +396,31 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 	return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
 }
 
-// List serves the webhook's target index: the one FencedResource, whatever
-// the selector (the webhook checks every candidate's target with a Get) —
-// or nothing while the index lags behind the entry's creation.
+// List is the API server's (linearizable) list: the one FencedResource,
+// whatever the selector (the webhook checks every candidate's target with a
+// Get; the simulated object is always its target).
 func (a apiReader) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
 	l, ok := list.(*locksv1.FencedResourceList)
 	if !ok {
 		return fmt.Errorf("the simulated API server lists only FencedResources")
 	}
-	if a.r.w.now.Before(a.r.w.indexLagUntil) {
-		a.r.w.res.IndexLagLookups++
-		l.Items = nil
-		return nil
-	}
 	l.Items = []locksv1.FencedResource{*a.r.fr.DeepCopy()}
 	return nil
+}
+
+// indexReader is the webhook's cache: its target index knows nothing while
+// it lags behind the entry's creation.
+type indexReader struct{ apiReader }
+
+func (i indexReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if i.r.w.now.Before(i.r.w.indexLagUntil) {
+		if l, ok := list.(*locksv1.FencedResourceList); ok {
+			i.r.w.res.IndexLagLookups++
+			l.Items = nil
+			return nil
+		}
+	}
+	return i.apiReader.List(ctx, list, opts...)
 }
 
 // statusWriter is the webhook's client for FencedResource status: it records

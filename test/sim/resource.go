@@ -56,7 +56,7 @@ func newResource(w *world) *resource {
 	reader := apiReader{w.reg}
 	v := &webhooks.ProtectedObjectValidator{
 		Reader:   reader,
-		Index:    reader,
+		Index:    indexReader{reader},
 		Writer:   statusWriter{r: w.reg},
 		Bundle:   &webhooks.TrustBundleSource{Reader: reader, Key: types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.TrustBundleConfigMap}},
 		Clock:    w.clock,
