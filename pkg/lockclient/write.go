@@ -234,8 +234,9 @@ func (op *Operation) Applied(ctx context.Context, obj client.Object) ([]fence.Re
 func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.Receipt) (bool, fence.Receipt, error) {
 	var st fence.State
 	var err error
+	exists := false
 	for attempt := 0; attempt < 5; attempt++ {
-		if _, err = op.read(ctx, obj); err == nil {
+		if exists, err = op.read(ctx, obj); err == nil {
 			ann := obj.GetAnnotations()
 			st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
 			if err == nil {
@@ -247,7 +248,21 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 		}
 	}
 	if err == nil {
-		switch out, r := ResolveFromLog(st, want); out {
+		out, r := ResolveFromLog(st, want)
+		if !exists {
+			// Gone: it may have been deleted after this segment landed (a
+			// declared delete by a process of the same grant).
+			var fr locksv1.FencedResource
+			key := types.NamespacedName{Namespace: op.lock.key.Namespace, Name: op.lock.resource}
+			if gerr := op.lock.c.kube.Get(ctx, key, &fr); gerr != nil {
+				err = gerr
+				out = Undeterminable
+			} else {
+				g, _ := op.lock.Grant()
+				out, r = ResolveDeleted(fr.Status.DeletedTarget, g.Digest(), want)
+			}
+		}
+		switch out {
 		case Applied:
 			return true, r, nil
 		case AppliedOtherPayload:
@@ -302,11 +317,24 @@ func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Recei
 	return Undeterminable, fence.Receipt{}
 }
 
+// ResolveDeleted decides a write of unknown outcome to an object that no
+// longer exists, from the registry's record of its deletion
+// (FencedResource status.deletedTarget): if the object was deleted at or
+// after this grant's segment, the segment had landed; otherwise it never did.
+func ResolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fence.Receipt) (Resolution, fence.Receipt) {
+	if deleted != nil && deleted.GrantDigest == grantDigest && deleted.FenceToken == want.Fence && deleted.Segment >= want.Segment {
+		return Applied, want
+	}
+	return ProvenAbsent, fence.Receipt{}
+}
+
 func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) {
 	l := op.lock
 	rec, _ := json.Marshal(locksv1.UnresolvedMutation{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
 		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()})
-	for attempt := 0; attempt < 3; attempt++ {
+	// The issuer's status writes and this lock's renewals race with it, so
+	// conflicts are expected; each is re-read and retried.
+	for attempt := 0; attempt < 10; attempt++ {
 		var lg locksv1.LockGrant
 		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
 			return

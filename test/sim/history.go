@@ -156,7 +156,7 @@ var registerModel = (&porcupine.NondeterministicModel{
 			if in.Valid && follows(s, w) {
 				return []any{w}
 			}
-			if in.Valid && in.AfterLostDelete && s.Absent && w.Fence >= s.Fence && w.Segment == 1 {
+			if in.Valid && in.AfterLostDelete && s.Absent && w.Segment == 1 {
 				return []any{w}
 			}
 			if in.Valid && w == (registerState{}) && s.Fence == 0 {

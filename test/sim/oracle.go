@@ -296,9 +296,11 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	// The fence rules, against what the object accepted before.
 	f, seg := e.grant.FenceToken, e.Segment
 	switch {
-	case o.deletedMemoryLost && old == nil && f >= o.lastFence:
-		// Re-created after the registry forgot the deletion: the segments
-		// start over (staleness and authentication are still judged above).
+	case o.deletedMemoryLost && old == nil:
+		// Re-created after a registry restore took back the deletion record
+		// (and maybe newer fences): the segments, even the fence, start over
+		// from what the restored registry holds (staleness and authentication
+		// against it are still judged above).
 		res.DeletedMemoryLostWrites++
 	case !o.acceptedAny:
 		if seg != 1 {
@@ -481,6 +483,10 @@ func (o *oracle) unknownResolved(want fence.Receipt, outcome lockclient.Resoluti
 	switch {
 	case outcome == lockclient.Applied && (!stored || seg.payload != want.Payload):
 		o.violation(vUnknownMisresolved, "fence %d segment %d resolved as applied, but the object never stored it", want.Fence, want.Segment)
+	case outcome == lockclient.ProvenAbsent && stored && o.deletedMemoryLost:
+		// The object was deleted and a registry restore took back the record
+		// of it: the client cannot see that the segment had landed.
+		o.w.res.DeletedMemoryLostWrites++
 	case outcome == lockclient.ProvenAbsent && stored:
 		o.violation(vUnknownMisresolved, "fence %d segment %d resolved as proven absent, but the object stored it", want.Fence, want.Segment)
 	}

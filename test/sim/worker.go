@@ -597,7 +597,11 @@ func (k *worker) resolve(obj map[string]any, read int64) {
 		ann := annotations(obj)
 		st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
 	}
-	if err == nil {
+	switch {
+	case err == nil && obj == nil:
+		// Gone: the client asks the registry whether it was deleted after this segment.
+		outcome, _ = lockclient.ResolveDeleted(k.w.reg.fr.Status.DeletedTarget, u.digest, u.want)
+	case err == nil:
 		outcome, _ = lockclient.ResolveFromLog(st, u.want)
 	}
 	res := k.w.res
