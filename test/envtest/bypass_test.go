@@ -114,6 +114,15 @@ var _ = Describe("the registry decides what is protected", func() {
 		obj = t.get()
 		Expect(unstructured.SetNestedField(obj.Object, int64(1), "status", "replicas")).To(Succeed())
 		Expect(admin.Status().Update(suiteCtx, obj)).To(Succeed())
+		// Nor can /status carry a metadata change past the webhook.
+		obj = t.get()
+		obj.SetLabels(nil)
+		ann := obj.GetAnnotations()
+		ann[fence.AnnotationReceipts] = "[]"
+		obj.SetAnnotations(ann)
+		_ = workers["worker-b"].Status().Update(suiteCtx, obj)
+		Expect(t.get().GetLabels()).To(HaveKeyWithValue(fence.LabelProtected, "true"))
+		Expect(t.get().GetAnnotations()[fence.AnnotationReceipts]).NotTo(Equal("[]"))
 	})
 
 	It("fences status of a custom kind without a status subresource", func() {
