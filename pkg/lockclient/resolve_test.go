@@ -3,6 +3,7 @@ package lockclient_test
 import (
 	"testing"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
@@ -29,6 +30,31 @@ func TestResolveFromLog(t *testing.T) {
 		{"no log at all", fence.State{HighestFence: 2, LastSegment: 3}, rc(2, 3, "p"), lockclient.Undeterminable},
 	} {
 		if got, _ := lockclient.ResolveFromLog(c.st, c.want); got != c.out {
+			t.Errorf("%s: got %d, want %d", c.name, got, c.out)
+		}
+	}
+}
+
+func TestResolveDeleted(t *testing.T) {
+	want := fence.Receipt{Fence: 4, Segment: 2, Operation: "op", Payload: "p"}
+	del := func(f, seg int64, digest string) *locksv1.DeletedTarget {
+		return &locksv1.DeletedTarget{FenceToken: f, Segment: seg, GrantDigest: digest}
+	}
+	for _, c := range []struct {
+		name    string
+		deleted *locksv1.DeletedTarget
+		out     lockclient.Resolution
+	}{
+		{"never deleted: the write would have created it", nil, lockclient.ProvenAbsent},
+		{"deleted by an older fence", del(3, 7, "sha256:old"), lockclient.ProvenAbsent},
+		{"deleted by this grant after the segment", del(4, 3, "sha256:mine"), lockclient.Applied},
+		{"deleted by this grant with the segment itself", del(4, 2, "sha256:mine"), lockclient.Applied},
+		{"deleted by this grant before the segment", del(4, 1, "sha256:mine"), lockclient.ProvenAbsent},
+		// The object outlived this grant; its receipts are gone with it.
+		{"deleted by a newer fence", del(5, 1, "sha256:new"), lockclient.Undeterminable},
+		{"same fence, another grant (a registry that went backwards)", del(4, 3, "sha256:other"), lockclient.Undeterminable},
+	} {
+		if got, _ := lockclient.ResolveDeleted(c.deleted, "sha256:mine", want); got != c.out {
 			t.Errorf("%s: got %d, want %d", c.name, got, c.out)
 		}
 	}

@@ -318,14 +318,26 @@ func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Recei
 }
 
 // ResolveDeleted decides a write of unknown outcome to an object that no
-// longer exists, from the registry's record of its deletion
-// (FencedResource status.deletedTarget): if the object was deleted at or
-// after this grant's segment, the segment had landed; otherwise it never did.
+// longer exists, from the registry's record of its last deletion
+// (FencedResource status.deletedTarget, fence F segment S):
+//   - deleted by this grant at or after this segment: it had landed
+//     (segments of a fence are accepted in order);
+//   - deleted by this grant before this segment, by an older fence, or never:
+//     it never landed (had it created the object, the object would exist, or
+//     a later delete would have replaced the record);
+//   - deleted by a newer fence: the object lived on past this grant and its
+//     receipts went with it, so nothing shows whether the write landed.
 func ResolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fence.Receipt) (Resolution, fence.Receipt) {
-	if deleted != nil && deleted.GrantDigest == grantDigest && deleted.FenceToken == want.Fence && deleted.Segment >= want.Segment {
+	switch {
+	case deleted == nil || deleted.FenceToken < want.Fence:
+		return ProvenAbsent, fence.Receipt{}
+	case deleted.FenceToken > want.Fence || deleted.GrantDigest != grantDigest:
+		return Undeterminable, fence.Receipt{}
+	case deleted.Segment >= want.Segment:
 		return Applied, want
+	default:
+		return ProvenAbsent, fence.Receipt{}
 	}
-	return ProvenAbsent, fence.Receipt{}
 }
 
 func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) {

@@ -78,6 +78,22 @@ func TestScheduleIsReproducible(t *testing.T) {
 	}
 }
 
+// TestSeedsThatOnceFailed replays every schedule a 100,000-schedule run ever
+// failed (docs/gates.md). Each found a real bug or a limit now counted; the
+// seeds stay here so that neither can come back unseen.
+func TestSeedsThatOnceFailed(t *testing.T) {
+	for _, seed := range []uint64{
+		101400872739,                                           // unfenced create in the index-lag window after a delete
+		101400888593, 101400890371, 101400902869, 101400927640, // a restore took back a deletion record
+		101400877037, // applied segment deleted before its answer was resolved
+		486940846494, // object deleted by a newer fence before an old holder resolved its write
+	} {
+		if res := RunSchedule(seed, Config{}); res.Failed() {
+			t.Errorf("%s", res.Describe())
+		}
+	}
+}
+
 // brokenRule lets a write through that the real acceptance point denied,
 // when allow says so: a deliberately wrong acceptance rule.
 func brokenRule(allow func(req admission.Request, verdict fence.Verdict) bool) func(AcceptFunc) AcceptFunc {
