@@ -53,6 +53,10 @@ vet: ## go vet
 control-plane: ## Build etcd and kube-apiserver into bin/k8s (no-op when present).
 	hack/build-control-plane.sh
 
+.PHONY: api-docs
+api-docs: manifests ## Regenerate docs/api-reference.md from the CRDs (go test ./internal/apidocs checks it is current).
+	go test ./internal/apidocs -count=1 -run TestReferenceIsCurrent -update
+
 .PHONY: verify-generated
 verify-generated: manifests generate ## Fail if generated files are out of date.
 	@git diff --quiet -- config api || { git --no-pager diff --stat -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }

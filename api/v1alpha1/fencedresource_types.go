@@ -281,6 +281,9 @@ type DeletedTarget struct {
 	DeletedAt metav1.Time `json:"deletedAt"`
 }
 
+// The Expires column below is a string: kubectl shows a future date column
+// as <invalid>. (Kept apart from the type's doc, which kubectl explain shows.)
+
 // FencedResource is the canonical registry entry of one protected resource:
 // its lease policy, its monotonic fence and its current holder.
 //
@@ -291,7 +294,6 @@ type DeletedTarget struct {
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resourceID`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.owner`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fenceToken`
-// Expires is a string column: kubectl shows a future date column as <invalid>.
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.holder.expiresAt`
 // +kubebuilder:printcolumn:name="Enforcement",type=string,JSONPath=`.spec.enforcement`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

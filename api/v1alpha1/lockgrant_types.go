@@ -209,6 +209,9 @@ type LockGrantStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// The Expires column below is a string: kubectl shows a future date column
+// as <invalid>. (Kept apart from the type's doc, which kubectl explain shows.)
+
 // LockGrant is one acquisition attempt on a FencedResource and, once issued, its signed grant.
 //
 // +kubebuilder:object:root=true
@@ -219,7 +222,6 @@ type LockGrantStatus struct {
 // +kubebuilder:printcolumn:name="Resource",type=string,JSONPath=`.spec.resource`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.grant.fenceToken`
-// Expires is a string column: kubectl shows a future date column as <invalid>.
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expiresAt`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type LockGrant struct {
