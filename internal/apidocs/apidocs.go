@@ -152,10 +152,10 @@ func cell(s *apiextensionsv1.JSONSchemaProps, required bool) string {
 func bounds(s *apiextensionsv1.JSONSchemaProps) []string {
 	var out []string
 	if s.Minimum != nil {
-		out = append(out, "Minimum " + num(*s.Minimum) + ".")
+		out = append(out, "Minimum "+num(*s.Minimum)+".")
 	}
 	if s.Maximum != nil {
-		out = append(out, "Maximum " + num(*s.Maximum) + ".")
+		out = append(out, "Maximum "+num(*s.Maximum)+".")
 	}
 	if s.MinLength != nil {
 		out = append(out, fmt.Sprintf("Minimum length %d.", *s.MinLength))
