@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/issuing"
 )
 
 // conflictRetry is how soon a lost compare-and-swap is retried. The informer
@@ -78,21 +79,48 @@ func controllerOptions(named bool) controller.Options {
 	return controller.Options{SkipNameValidation: &named}
 }
 
-// Reconcile makes one issuing decision for the FencedResource req names.
+// Reconcile makes one issuing decision for the FencedResource req names:
+// gather what it depends on, decide (issuing.Decide, pure), commit the
+// registry status by one compare-and-swap, then mirror the committed decision
+// onto the LockGrants and emit its Events.
 func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	if err := r.Issuer.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
-	var fr locksv1.FencedResource
-	if err := r.Get(ctx, req.NamespacedName, &fr); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, err
-		}
+	in, found, err := r.gather(ctx, req.NamespacedName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !found {
 		return ctrl.Result{}, r.denyOrphans(ctx, req.NamespacedName)
+	}
+	d, err := r.decide(ctx, &in)
+	if err != nil || d.Superseded {
+		if d.Superseded {
+			ctrl.LoggerFrom(ctx).V(1).Info("a newer issuer epoch owns this resource", "epoch", in.Epoch, "registryEpoch", in.Resource.Status.IssuerEpoch)
+		}
+		return ctrl.Result{}, err
+	}
+	committed, err := r.commit(ctx, in.Resource, &d)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !committed {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return r.mirror(ctx, &in, &d)
+}
+
+// gather reads the FencedResource, its LockGrants (from the cache) and the
+// issuer's state; found is false when the FencedResource does not exist.
+func (r *GrantIssuerReconciler) gather(ctx context.Context, key types.NamespacedName) (issuing.Input, bool, error) {
+	fr := &locksv1.FencedResource{}
+	if err := r.Get(ctx, key, fr); err != nil {
+		return issuing.Input{}, false, client.IgnoreNotFound(err)
 	}
 	var list locksv1.LockGrantList
 	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: fr.Name}); err != nil {
-		return ctrl.Result{}, err
+		return issuing.Input{}, false, err
 	}
 	grants := list.Items
 	holderDeleted := false
@@ -105,136 +133,144 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		case apierrors.IsNotFound(err) || (err == nil && string(lg.UID) != h.GrantUID):
 			holderDeleted = true
 		case err != nil:
-			return ctrl.Result{}, err
+			return issuing.Input{}, false, err
 		default:
 			grants = append(grants, lg)
 		}
 	}
-
 	s := r.Issuer.state()
-	in := planInput{
-		fr: &fr, grants: grants, holderDeleted: holderDeleted, now: r.Issuer.clock.Now(),
-		epoch: s.epoch, takeoverAt: s.takeoverAt, revokedBelow: s.revokedBelow, signer: s.signer,
-	}
-	p, err := r.plan(ctx, &in)
-	if err != nil || p.superseded {
-		if p.superseded {
-			ctrl.LoggerFrom(ctx).V(1).Info("a newer issuer epoch owns this resource", "epoch", s.epoch, "registryEpoch", fr.Status.IssuerEpoch)
+	return issuing.Input{
+		Resource: fr, Grants: grants, HolderDeleted: holderDeleted, Now: r.Issuer.clock.Now(),
+		Epoch: s.epoch, TakeoverAt: s.takeoverAt, RevokedBelow: s.revokedBelow, Signer: s.signer,
+	}, true, nil
+}
+
+// decide runs issuing.Decide and, before a fence is handed to a LockGrant,
+// confirms with an uncached read that the LockGrant still waits and was never
+// granted: a cache that missed its earlier grant must not earn it a second fence.
+func (r *GrantIssuerReconciler) decide(ctx context.Context, in *issuing.Input) (issuing.Decision, error) {
+	for attempt := 0; ; attempt++ {
+		d, err := issuing.Decide(*in)
+		if err != nil || d.IssuedTo == "" || attempt == 3 {
+			if attempt == 3 && d.IssuedTo != "" {
+				return issuing.Decision{}, fmt.Errorf("LockGrant cache keeps disagreeing with the API server about %s", d.IssuedTo)
+			}
+			return d, err
 		}
-		return ctrl.Result{}, err
+		i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == d.IssuedTo })
+		cached := &in.Grants[i]
+		var fresh locksv1.LockGrant
+		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh)
+		switch {
+		case apierrors.IsNotFound(err):
+			in.Grants = slices.Delete(slices.Clone(in.Grants), i, i+1)
+		case err != nil:
+			return issuing.Decision{}, err
+		case fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
+			fresh.DeletionTimestamp == nil && !fresh.Spec.Release:
+			return d, nil
+		default:
+			grants := slices.Clone(in.Grants)
+			grants[i] = fresh
+			in.Grants = grants
+		}
 	}
-	if p.policyDenial && !p.statusChanged {
+}
+
+// commit writes the decided registry status with the resourceVersion it was
+// decided from: the compare-and-swap that makes a fence allocation (and every
+// other decision) unique. committed is false when it lost and must be retried.
+func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedResource, d *issuing.Decision) (committed bool, err error) {
+	if d.PolicyDenial && !d.StatusChanged {
 		// A denial must not rest on a cached, older policy: no compare-and-swap
 		// will check it for us, so read the registry around the cache.
 		var fresh locksv1.FencedResource
-		if err := r.APIReader.Get(ctx, req.NamespacedName, &fresh); err != nil {
-			return ctrl.Result{}, client.IgnoreNotFound(err)
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(fr), &fresh); err != nil {
+			return false, client.IgnoreNotFound(err)
 		}
 		if fresh.ResourceVersion != fr.ResourceVersion {
-			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+			return false, nil
 		}
 	}
-	if p.statusChanged {
-		fr.Status = p.status
+	if d.StatusChanged {
+		fr.Status = d.Status
 		registryWrites.Inc()
-		// Update carries the resourceVersion we read: the compare-and-swap that
-		// makes a fence allocation (and every other decision) unique.
-		if err := r.Status().Update(ctx, &fr); err != nil {
+		if err := r.Status().Update(ctx, fr); err != nil {
 			if apierrors.IsConflict(err) {
 				casConflicts.Inc()
-				return ctrl.Result{RequeueAfter: conflictRetry}, nil
+				return false, nil
 			}
-			return ctrl.Result{}, err
+			return false, err
 		}
 	}
-	queueDepth.WithLabelValues(fr.Namespace, fr.Name).Set(float64(len(p.status.Queue)))
-	grantsIssued.Add(float64(p.issued))
-	grantHandoffs.Add(float64(p.handoffs))
-	grantExpiries.Add(float64(p.expiries))
-	grantReleases.Add(float64(p.releases))
-	grantRevocations.Add(float64(p.revocations))
+	queueDepth.WithLabelValues(fr.Namespace, fr.Name).Set(float64(len(d.Status.Queue)))
+	grantsIssued.Add(float64(d.Counts.Issued))
+	grantHandoffs.Add(float64(d.Counts.Handoffs))
+	grantExpiries.Add(float64(d.Counts.Expiries))
+	grantReleases.Add(float64(d.Counts.Releases))
+	grantRevocations.Add(float64(d.Counts.Revocations))
+	return true, nil
+}
 
+// mirror records a committed decision: its Events first (nothing later may
+// lose them), then the LockGrant statuses in the decided order, then finalizers.
+func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d *issuing.Decision) (ctrl.Result, error) {
+	fr := in.Resource
 	byName := map[string]*locksv1.LockGrant{}
 	byUID := map[string]*locksv1.LockGrant{}
-	for i := range in.grants {
-		byName[in.grants[i].Name] = &in.grants[i]
-		byUID[string(in.grants[i].UID)] = &in.grants[i]
+	for i := range in.Grants {
+		byName[in.Grants[i].Name] = &in.Grants[i]
+		byUID[string(in.Grants[i].UID)] = &in.Grants[i]
 	}
-	// The decision is committed: record it before anything else can fail.
-	for _, e := range p.events {
-		var regarding client.Object = &fr
-		if lg := byUID[e.grant]; lg != nil {
+	for _, e := range d.Events {
+		var regarding client.Object = fr
+		if lg := byUID[e.GrantUID]; lg != nil {
 			regarding = lg
 		}
-		r.Recorder.Eventf(regarding, &fr, e.kind, e.reason, e.reason, "%s", e.note)
+		r.Recorder.Eventf(regarding, fr, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
-	retry := false
-	for _, c := range p.grantStatus {
-		if err := r.patchGrant(ctx, byName[c.name], true, func(lg *locksv1.LockGrant) { lg.Status = c.status }); err != nil {
+	for _, c := range d.GrantStatus {
+		if err := r.patchGrant(ctx, byName[c.Name], true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 				return ctrl.Result{}, err
 			}
 			// Keep the order: nothing later is written before this one lands.
-			retry = true
-			break
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 	}
-	for _, name := range p.removeFinalizer {
-		if err := r.patchGrant(ctx, byName[name], false, func(lg *locksv1.LockGrant) {
-			lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
-		}); client.IgnoreNotFound(err) != nil {
-			if !apierrors.IsConflict(err) {
-				return ctrl.Result{}, err
-			}
-			retry = true
+	retry := false
+	for _, name := range d.RemoveFinalizer {
+		err := r.patchGrant(ctx, byName[name], false, removeFinalizer)
+		if retry, err = retryable(retry, err); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	for _, name := range p.addFinalizer {
-		if err := r.patchGrant(ctx, byName[name], false, func(lg *locksv1.LockGrant) {
-			lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer)
-		}); client.IgnoreNotFound(err) != nil {
-			if !apierrors.IsConflict(err) {
-				return ctrl.Result{}, err
-			}
-			retry = true
+	for _, name := range d.AddFinalizer {
+		err := r.patchGrant(ctx, byName[name], false, func(lg *locksv1.LockGrant) { lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer) })
+		if retry, err = retryable(retry, err); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 	if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	return ctrl.Result{RequeueAfter: p.requeueAfter}, nil
+	return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
 }
 
-// plan runs planGrants and, before a fence is handed to a LockGrant, confirms
-// with an uncached read that the LockGrant still waits and was never granted:
-// a cache that missed its earlier grant must not earn it a second fence.
-func (r *GrantIssuerReconciler) plan(ctx context.Context, in *planInput) (planOutput, error) {
-	for attempt := 0; ; attempt++ {
-		p, err := planGrants(*in)
-		if err != nil || p.issuedTo == "" || attempt == 3 {
-			if attempt == 3 && p.issuedTo != "" {
-				return planOutput{}, fmt.Errorf("LockGrant cache keeps disagreeing with the API server about %s", p.issuedTo)
-			}
-			return p, err
-		}
-		i := slices.IndexFunc(in.grants, func(lg locksv1.LockGrant) bool { return lg.Name == p.issuedTo })
-		cached := &in.grants[i]
-		var fresh locksv1.LockGrant
-		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh)
-		switch {
-		case apierrors.IsNotFound(err):
-			in.grants = slices.Delete(slices.Clone(in.grants), i, i+1)
-		case err != nil:
-			return planOutput{}, err
-		case fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
-			fresh.DeletionTimestamp == nil && !fresh.Spec.Release:
-			return p, nil
-		default:
-			grants := slices.Clone(in.grants)
-			grants[i] = fresh
-			in.grants = grants
-		}
+func removeFinalizer(lg *locksv1.LockGrant) {
+	lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
+}
+
+// retryable folds a finalizer patch's outcome: a LockGrant that is gone
+// needs nothing, a conflict is retried later, anything else is an error.
+func retryable(retry bool, err error) (bool, error) {
+	switch {
+	case err == nil || apierrors.IsNotFound(err):
+		return retry, nil
+	case apierrors.IsConflict(err):
+		return true, nil
 	}
+	return retry, err
 }
 
 // patchGrant applies mutate as a merge patch conditioned on the resourceVersion
@@ -270,8 +306,8 @@ func (r *GrantIssuerReconciler) denyOrphans(ctx context.Context, key types.Names
 	for i := range list.Items {
 		lg := &list.Items[i]
 		if !lg.Status.Phase.Terminal() {
-			st := terminalStatus(lg.Status, locksv1.PhaseDenied, locksv1.ReasonNoSuchResource, now)
-			setCondition(&st.Conditions, 0, locksv1.ConditionIssued, false, locksv1.ReasonNoSuchResource,
+			st := issuing.TerminalStatus(lg.Status, locksv1.PhaseDenied, locksv1.ReasonNoSuchResource, now)
+			issuing.SetCondition(&st.Conditions, 0, locksv1.ConditionIssued, false, locksv1.ReasonNoSuchResource,
 				fmt.Sprintf("FencedResource %s does not exist", key.Name))
 			if err := r.patchGrant(ctx, lg, true, func(lg *locksv1.LockGrant) { lg.Status = st }); client.IgnoreNotFound(err) != nil {
 				return err
@@ -279,9 +315,7 @@ func (r *GrantIssuerReconciler) denyOrphans(ctx context.Context, key types.Names
 			r.Recorder.Eventf(lg, nil, corev1.EventTypeWarning, locksv1.ReasonNoSuchResource, "Deny", "FencedResource %s does not exist", key.Name)
 		}
 		if lg.DeletionTimestamp != nil {
-			if err := r.patchGrant(ctx, lg, false, func(lg *locksv1.LockGrant) {
-				lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
-			}); client.IgnoreNotFound(err) != nil {
+			if err := r.patchGrant(ctx, lg, false, removeFinalizer); client.IgnoreNotFound(err) != nil {
 				return err
 			}
 		}

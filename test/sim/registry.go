@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/internal/issuing"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
@@ -36,7 +36,7 @@ var issuerKey = sync.OnceValue(func() *grant.Signer {
 
 // registry is the in-memory API server of the lock objects — the
 // FencedResource, its LockGrants, the trust bundle — and the issuer that
-// decides with the real planner (controllers.Plan) whenever something changed,
+// decides with the issuer's real decision (issuing.Decide) whenever something changed,
 // as the reconciler does on a watch event or its requeue.
 type registry struct {
 	w      *world
@@ -166,8 +166,8 @@ func (r *registry) reconcile() {
 	}
 	w := r.w
 	w.oracle.issuerRuns(r)
-	res, err := controllers.Plan(controllers.PlanInput{
-		FencedResource: &r.fr, Grants: r.grants, Now: w.now,
+	res, err := issuing.Decide(issuing.Input{
+		Resource: &r.fr, Grants: r.grants, Now: w.now,
 		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
 	})
 	if err != nil {

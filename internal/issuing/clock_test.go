@@ -1,4 +1,4 @@
-package controllers
+package issuing
 
 import (
 	"testing"
@@ -10,14 +10,14 @@ import (
 // After the issuer's clock jumps back, a renewal must not shorten the lease:
 // expiresAt stays monotonic, so the LockGrant status (which refuses to move
 // expiry backwards) still confirms the renewal to the holder.
-func TestPlanRenewalAfterBackwardClockJump(t *testing.T) {
+func TestDecideRenewalAfterBackwardClockJump(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0)}
-	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	issued := f.Status.Holder.ExpiresAt.Time // t0 + 10s
 
-	in.now = t0.Add(-time.Hour)
+	in.Now = t0.Add(-time.Hour)
 	grants[0].Spec.Renewals = 1
 	apply(t, in)
 	if !f.Status.Holder.ExpiresAt.Time.Equal(issued) {
@@ -30,7 +30,7 @@ func TestPlanRenewalAfterBackwardClockJump(t *testing.T) {
 		t.Errorf("phase %s", grants[0].Status.Phase)
 	}
 	// Back to normal time, a renewal extends from now again.
-	in.now = t0.Add(5 * time.Second)
+	in.Now = t0.Add(5 * time.Second)
 	grants[0].Spec.Renewals = 2
 	apply(t, in)
 	if want := t0.Add(15 * time.Second); !f.Status.Holder.ExpiresAt.Time.Equal(want) || grants[0].Status.ObservedRenewals != 2 {
@@ -40,11 +40,11 @@ func TestPlanRenewalAfterBackwardClockJump(t *testing.T) {
 
 // The issuer decides at the precision it stores (MicroTime), so a plan run
 // again on what it wrote back has nothing more to write.
-func TestPlanIsStableAtStoredPrecision(t *testing.T) {
+func TestDecideIsStableAtStoredPrecision(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0)}
 	now := t0.Add(123456789 * time.Nanosecond)
-	in := planInput{fr: f, grants: grants, now: now, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: now, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	if got := f.Status.Holder.ExpiresAt.Time; got.Nanosecond()%1000 != 0 {
 		t.Fatalf("expiresAt %v has sub-microsecond precision the API server drops", got)
@@ -52,12 +52,12 @@ func TestPlanIsStableAtStoredPrecision(t *testing.T) {
 	// What the API server stores and the cache returns: microseconds.
 	f.Status.Holder.ExpiresAt.Time = f.Status.Holder.ExpiresAt.Time.Truncate(time.Microsecond)
 	grants[0].Status.ExpiresAt.Time = grants[0].Status.ExpiresAt.Time.Truncate(time.Microsecond)
-	in.now = now.Add(time.Millisecond)
-	out, err := planGrants(in)
+	in.Now = now.Add(time.Millisecond)
+	out, err := Decide(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.statusChanged || len(out.grantStatus) != 0 {
-		t.Fatalf("a second plan on the stored state writes again: status changed %v, %d LockGrant writes", out.statusChanged, len(out.grantStatus))
+	if out.StatusChanged || len(out.GrantStatus) != 0 {
+		t.Fatalf("a second plan on the stored state writes again: status changed %v, %d LockGrant writes", out.StatusChanged, len(out.GrantStatus))
 	}
 }

@@ -1,4 +1,4 @@
-package controllers
+package issuing
 
 import (
 	"bytes"
@@ -42,17 +42,17 @@ func lg(name string, created time.Duration) locksv1.LockGrant {
 }
 
 // apply runs one plan and applies it as the reconciler would after a successful write.
-func apply(t *testing.T, in planInput) planOutput {
+func apply(t *testing.T, in Input) Decision {
 	t.Helper()
-	out, err := planGrants(in)
+	out, err := Decide(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	in.fr.Status = out.status
-	for _, c := range out.grantStatus {
-		for i := range in.grants {
-			if in.grants[i].Name == c.name {
-				in.grants[i].Status = c.status
+	in.Resource.Status = out.Status
+	for _, c := range out.GrantStatus {
+		for i := range in.Grants {
+			if in.Grants[i].Name == c.Name {
+				in.Grants[i].Status = c.Status
 			}
 		}
 	}
@@ -67,19 +67,19 @@ func phases(grants []locksv1.LockGrant) string {
 	return strings.TrimSpace(b.String())
 }
 
-func TestPlanIssuesFIFOAndHandsOff(t *testing.T) {
+func TestDecideIssuesFIFOAndHandsOff(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("c", 2*time.Second), lg("a", 0), lg("b", time.Second)}
-	in := planInput{fr: f, grants: grants, now: t0.Add(3 * time.Second), epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0.Add(3 * time.Second), Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	out := apply(t, in)
 	if got := phases(grants); got != "c=Pending a=Held b=Pending" {
 		t.Fatalf("after first plan: %s", got)
 	}
-	if out.issued != 1 || f.Status.FenceToken != 1 || f.Status.Holder.GrantName != "a" || f.Status.BackendRevision != "100" {
+	if out.Counts.Issued != 1 || f.Status.FenceToken != 1 || f.Status.Holder.GrantName != "a" || f.Status.BackendRevision != "100" {
 		t.Fatalf("unexpected registry state %+v", f.Status)
 	}
-	if out.requeueAfter != 10*time.Second {
-		t.Fatalf("requeueAfter %v, want the lease duration", out.requeueAfter)
+	if out.RequeueAfter != 10*time.Second {
+		t.Fatalf("requeueAfter %v, want the lease duration", out.RequeueAfter)
 	}
 	if q := f.Status.Queue; len(q) != 2 || q[0].GrantName != "b" || q[1].GrantName != "c" {
 		t.Fatalf("queue %+v, want b then c", q)
@@ -92,54 +92,54 @@ func TestPlanIssuesFIFOAndHandsOff(t *testing.T) {
 	// Release a: b gets fence 2 in the same decision.
 	grants[1].Spec.Release = true
 	out = apply(t, in)
-	if got := phases(grants); got != "c=Pending a=Released b=Held" || out.handoffs != 1 || f.Status.FenceToken != 2 {
+	if got := phases(grants); got != "c=Pending a=Released b=Held" || out.Counts.Handoffs != 1 || f.Status.FenceToken != 2 {
 		t.Fatalf("after release: %s, %+v", got, out)
 	}
 	// Changes are ordered: the ending before the new holder.
-	if out.grantStatus[0].name != "a" || out.grantStatus[1].name != "b" {
-		t.Fatalf("status writes out of order: %v, %v", out.grantStatus[0].name, out.grantStatus[1].name)
+	if out.GrantStatus[0].Name != "a" || out.GrantStatus[1].Name != "b" {
+		t.Fatalf("status writes out of order: %v, %v", out.GrantStatus[0].Name, out.GrantStatus[1].Name)
 	}
 }
 
-func TestPlanExpiryRenewalAndFloor(t *testing.T) {
+func TestDecideExpiryRenewalAndFloor(t *testing.T) {
 	f := fr(10)
 	f.Spec.FenceFloor = 41
 	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
-	in := planInput{fr: f, grants: grants, now: t0.Add(2 * time.Second), epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0.Add(2 * time.Second), Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	if f.Status.FenceToken != 42 {
 		t.Fatalf("first fence %d, want fenceFloor+1 = 42", f.Status.FenceToken)
 	}
 	// A renewal seen before expiry extends the lease from now.
-	in.now = t0.Add(11 * time.Second)
+	in.Now = t0.Add(11 * time.Second)
 	grants[0].Spec.Renewals = 1
 	apply(t, in)
 	if want := t0.Add(21 * time.Second); !f.Status.Holder.ExpiresAt.Time.Equal(want) || grants[0].Status.ObservedRenewals != 1 {
 		t.Fatalf("renewal: expiresAt %v want %v", f.Status.Holder.ExpiresAt, want)
 	}
 	// A renewal seen at or after expiry is too late.
-	in.now = t0.Add(21 * time.Second)
+	in.Now = t0.Add(21 * time.Second)
 	grants[0].Spec.Renewals = 2
 	out := apply(t, in)
-	if got := phases(grants); got != "a=Expired b=Held" || out.expiries != 1 || f.Status.FenceToken != 43 {
+	if got := phases(grants); got != "a=Expired b=Held" || out.Counts.Expiries != 1 || f.Status.FenceToken != 43 {
 		t.Fatalf("expiry: %s fence %d", got, f.Status.FenceToken)
 	}
 }
 
-func TestPlanNeverMovesAGrantBackwards(t *testing.T) {
+func TestDecideNeverMovesAGrantBackwards(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0)}
-	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	// A stale registry view (before the allocation) must not touch a Held grant.
 	stale := fr(10)
-	out, err := planGrants(planInput{fr: stale, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)})
+	out, err := Decide(Input{Resource: stale, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range out.grantStatus {
-		if c.name == "a" {
-			t.Fatalf("stale view rewrote a Held grant to %s", c.status.Phase)
+	for _, c := range out.GrantStatus {
+		if c.Name == "a" {
+			t.Fatalf("stale view rewrote a Held grant to %s", c.Status.Phase)
 		}
 	}
 	// Terminal phases never change.
@@ -147,19 +147,19 @@ func TestPlanNeverMovesAGrantBackwards(t *testing.T) {
 	grants[0].Spec.Release = true
 	f.Status.Holder = nil
 	out = apply(t, in)
-	if grants[0].Status.Phase != locksv1.PhaseExpired || len(out.grantStatus) != 0 {
+	if grants[0].Status.Phase != locksv1.PhaseExpired || len(out.GrantStatus) != 0 {
 		t.Fatalf("terminal grant changed: %s", grants[0].Status.Phase)
 	}
 }
 
-func TestPlanDeniesDuplicatesAndPolicyViolations(t *testing.T) {
+func TestDecideDeniesDuplicatesAndPolicyViolations(t *testing.T) {
 	f := fr(10)
 	f.Spec.AllowedOwners = []string{"owner-a", "owner-dup"}
 	dup := lg("dup", time.Second)
 	dup.Spec.RequestID = "req-a"
 	dup.Spec.Owner = "owner-a"
 	grants := []locksv1.LockGrant{lg("a", 0), dup, lg("stranger", 2*time.Second)}
-	apply(t, planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)})
+	apply(t, Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)})
 	if got := phases(grants); got != "a=Held dup=Denied stranger=Denied" {
 		t.Fatalf("%s", got)
 	}
@@ -168,94 +168,94 @@ func TestPlanDeniesDuplicatesAndPolicyViolations(t *testing.T) {
 	}
 }
 
-func TestPlanEpochTakeoverAndRevocation(t *testing.T) {
+func TestDecideEpochTakeoverAndRevocation(t *testing.T) {
 	f := fr(30)
 	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
-	in := planInput{fr: f, grants: grants, now: t0, epoch: 4, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 4, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	// Epoch 5 takes over 25 s later: the lease runs to takeover + 30 s.
-	in.epoch, in.takeoverAt, in.now = 5, t0.Add(25*time.Second), t0.Add(26*time.Second)
+	in.Epoch, in.TakeoverAt, in.Now = 5, t0.Add(25*time.Second), t0.Add(26*time.Second)
 	out := apply(t, in)
 	if want := t0.Add(55 * time.Second); !f.Status.Holder.ExpiresAt.Time.Equal(want) || f.Status.IssuerEpoch != 5 {
 		t.Fatalf("takeover: expiresAt %v want %v, epoch %d", f.Status.Holder.ExpiresAt, want, f.Status.IssuerEpoch)
 	}
-	if len(out.events) != 1 || out.events[0].reason != "LeaseExtended" {
-		t.Fatalf("events %+v", out.events)
+	if len(out.Events) != 1 || out.Events[0].Reason != "LeaseExtended" {
+		t.Fatalf("events %+v", out.Events)
 	}
 	// Revoking epoch 4 revokes a and serves b under epoch 5.
-	in.revokedBelow = 5
+	in.RevokedBelow = 5
 	out = apply(t, in)
-	if got := phases(grants); got != "a=Revoked b=Held" || out.revocations != 1 || f.Status.Holder.IssuerEpoch != 5 {
+	if got := phases(grants); got != "a=Revoked b=Held" || out.Counts.Revocations != 1 || f.Status.Holder.IssuerEpoch != 5 {
 		t.Fatalf("%s %+v", got, out)
 	}
 	// Revoking the issuer's own epoch stops issuing.
-	in.revokedBelow = 6
+	in.RevokedBelow = 6
 	grants = append(grants, lg("c", 2*time.Second))
-	in.grants = grants
+	in.Grants = grants
 	apply(t, in)
 	if f.Status.Holder != nil || grants[2].Status.Phase != locksv1.PhasePending {
-		t.Fatalf("issued under a revoked epoch: %+v", f.Status.Holder)
+		t.Fatalf("issued under a revoked Epoch: %+v", f.Status.Holder)
 	}
 }
 
-func TestPlanHolderDeletedAndFinalizers(t *testing.T) {
+func TestDecideHolderDeletedAndFinalizers(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
 	grants[1].Finalizers = nil
-	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	out := apply(t, in)
-	if len(out.addFinalizer) != 1 || out.addFinalizer[0] != "b" {
-		t.Fatalf("addFinalizer %v", out.addFinalizer)
+	if len(out.AddFinalizer) != 1 || out.AddFinalizer[0] != "b" {
+		t.Fatalf("addFinalizer %v", out.AddFinalizer)
 	}
 	now := metav1.NewTime(t0)
 	grants[0].DeletionTimestamp = &now
 	out = apply(t, in)
-	if len(out.removeFinalizer) != 1 || out.removeFinalizer[0] != "a" || f.Status.Holder.GrantName != "b" {
-		t.Fatalf("deletion: remove %v holder %+v", out.removeFinalizer, f.Status.Holder)
+	if len(out.RemoveFinalizer) != 1 || out.RemoveFinalizer[0] != "a" || f.Status.Holder.GrantName != "b" {
+		t.Fatalf("deletion: remove %v holder %+v", out.RemoveFinalizer, f.Status.Holder)
 	}
 	// A holder confirmed gone (no LockGrant at all) is released too.
-	in.grants = grants[:1]
-	in.holderDeleted = true
+	in.Grants = grants[:1]
+	in.HolderDeleted = true
 	out = apply(t, in)
-	if f.Status.Holder != nil || out.releases != 1 {
+	if f.Status.Holder != nil || out.Counts.Releases != 1 {
 		t.Fatalf("holder not released: %+v", f.Status.Holder)
 	}
 }
 
-func TestPlanSupersededIssuerDecidesNothing(t *testing.T) {
+func TestDecideSupersededIssuerDecidesNothing(t *testing.T) {
 	f := fr(10)
 	f.Status.IssuerEpoch = 7
 	grants := []locksv1.LockGrant{lg("a", 0)}
-	out, err := planGrants(planInput{fr: f, grants: grants, now: t0, epoch: 6, takeoverAt: t0, signer: testSigner(t)})
+	out, err := Decide(Input{Resource: f, Grants: grants, Now: t0, Epoch: 6, TakeoverAt: t0, Signer: testSigner(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !out.superseded || out.statusChanged || out.issued != 0 || len(out.grantStatus) != 0 {
+	if !out.Superseded || out.StatusChanged || out.Counts.Issued != 0 || len(out.GrantStatus) != 0 {
 		t.Fatalf("an older epoch acted: %+v", out)
 	}
 }
 
-func TestPlanRevokesHoldersOfAnOldPolicy(t *testing.T) {
+func TestDecideRevokesHoldersOfAnOldPolicy(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
-	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	f.Generation++ // e.g. Shadow -> Enforce
 	out := apply(t, in)
-	if got := phases(grants); got != "a=Revoked b=Held" || out.revocations != 1 || f.Status.Holder.PolicyGeneration != f.Generation {
+	if got := phases(grants); got != "a=Revoked b=Held" || out.Counts.Revocations != 1 || f.Status.Holder.PolicyGeneration != f.Generation {
 		t.Fatalf("%s", got)
 	}
 }
 
-func TestPlanDoesNotRequeueAGrantedRequest(t *testing.T) {
+func TestDecideDoesNotRequeueAGrantedRequest(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
-	in := planInput{fr: f, grants: grants, now: t0, epoch: 1, takeoverAt: t0, signer: testSigner(t)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
 	apply(t, in)
 	// a expired and b took over, but a's Expired status never landed, and the
 	// cache still shows a as Pending-with-grant: it must not be queued again.
 	grants[0].Status.Phase = locksv1.PhasePending
-	in.now = t0.Add(11 * time.Second)
+	in.Now = t0.Add(11 * time.Second)
 	apply(t, in)
 	grants[0].Status.Phase = locksv1.PhasePending
 	out := apply(t, in)

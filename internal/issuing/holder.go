@@ -1,0 +1,122 @@
+package issuing
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// adoptEpoch moves the registry entry to this issuer's epoch. A new epoch
+// cannot know the old leader's clock, so it extends a held lease by one lease
+// duration from its takeover.
+func adoptEpoch(v *view) []Event {
+	in := v.in
+	if v.st.IssuerEpoch >= in.Epoch {
+		return nil
+	}
+	v.st.IssuerEpoch = in.Epoch
+	h := v.st.Holder
+	if h == nil {
+		return nil
+	}
+	ext := in.TakeoverAt.Add(v.lease)
+	if !ext.After(h.ExpiresAt.Time) {
+		return nil
+	}
+	h.ExpiresAt = metav1.NewMicroTime(ext)
+	return []Event{{h.GrantUID, "Normal", "LeaseExtended",
+		fmt.Sprintf("issuer epoch %d took over; lease of fence %d extended to %s", in.Epoch, h.FenceToken, ext.UTC().Format(time.RFC3339))}}
+}
+
+// GrantFacts is what decides whether, and why, a grant that held has ended.
+type GrantFacts struct {
+	Gone             bool // its LockGrant no longer exists
+	IssuerEpoch      int64
+	PolicyGeneration int64
+	Deleting         bool // its LockGrant has a deletionTimestamp
+	Release          bool // the holder asked to release
+	// ExpiresAt is when it expires on the issuer's clock, unless ExpiryUnknown:
+	// a grant the registry already let go of is judged without it.
+	ExpiresAt     time.Time
+	ExpiryUnknown bool
+}
+
+// Ending says why a grant ended, or "" while it holds. The order is the
+// contract: deletion and revocation win over the client's release, and a
+// release only counts if the issuer saw it before expiry.
+func Ending(f GrantFacts, revokedBelow, generation int64, now time.Time) (locksv1.LockGrantPhase, string) {
+	switch {
+	case f.Gone:
+		return locksv1.PhaseReleased, locksv1.ReasonDeleted
+	case f.IssuerEpoch < revokedBelow:
+		return locksv1.PhaseRevoked, locksv1.ReasonRevoked
+	case f.PolicyGeneration != generation:
+		// The acceptance point refuses grants of an old policy (POLICY_STALE);
+		// ending it now hands the resource on instead of letting it idle to expiry.
+		return locksv1.PhaseRevoked, locksv1.ReasonPolicyChanged
+	case f.Deleting:
+		return locksv1.PhaseReleased, locksv1.ReasonDeleted
+	case !f.ExpiryUnknown && !now.Before(f.ExpiresAt):
+		return locksv1.PhaseExpired, locksv1.ReasonExpired
+	case f.Release:
+		return locksv1.PhaseReleased, locksv1.ReasonReleased
+	}
+	return "", ""
+}
+
+// settleHolder renews the holder or ends its grant, and returns the terminal
+// statuses of the grants that ended (by UID).
+func settleHolder(v *view, d *Decision) map[string]locksv1.LockGrantStatus {
+	h := v.st.Holder
+	if h == nil {
+		return nil
+	}
+	in := v.in
+	lg := v.byName[h.GrantName]
+	if lg != nil && string(lg.UID) != h.GrantUID {
+		lg = nil
+	}
+	f := GrantFacts{Gone: lg == nil || in.HolderDeleted, IssuerEpoch: h.IssuerEpoch, PolicyGeneration: h.PolicyGeneration, ExpiresAt: h.ExpiresAt.Time}
+	if lg != nil {
+		f.Deleting, f.Release = lg.DeletionTimestamp != nil, lg.Spec.Release
+	}
+	phase, reason := Ending(f, in.RevokedBelow, in.Resource.Generation, in.Now)
+	if phase == "" {
+		renew(v, h, lg)
+		return nil
+	}
+	v.st.Holder = nil
+	switch phase {
+	case locksv1.PhaseExpired:
+		d.Counts.Expiries++
+	case locksv1.PhaseRevoked:
+		d.Counts.Revocations++
+	default:
+		d.Counts.Releases++
+	}
+	kind := "Normal"
+	if phase != locksv1.PhaseReleased {
+		kind = "Warning"
+	}
+	d.Events = append(d.Events, Event{h.GrantUID, kind, reason,
+		fmt.Sprintf("grant with fence %d for %s ended: %s", h.FenceToken, h.Owner, strings.ToLower(string(phase)))})
+	return map[string]locksv1.LockGrantStatus{h.GrantUID: TerminalStatus(holderStatus(in.Resource, h), phase, reason, in.Now)}
+}
+
+// renew applies a renewal the holder asked for. It counts only because the
+// issuer saw it before expiresAt (Ending checked that), and it never shortens
+// the lease: after the issuer's clock jumped back, the holder keeps the later
+// expiry, and expiresAt stays monotonic.
+func renew(v *view, h *locksv1.Holder, lg *locksv1.LockGrant) {
+	if lg.Spec.Renewals <= h.ObservedRenewals {
+		return
+	}
+	if renewed := v.in.Now.Add(v.lease); renewed.After(h.ExpiresAt.Time) {
+		h.ExpiresAt = metav1.NewMicroTime(renewed)
+	}
+	h.ObservedRenewals = lg.Spec.Renewals
+}

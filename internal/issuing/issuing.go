@@ -1,0 +1,128 @@
+// Package issuing is the issuer's decision for one FencedResource: given the
+// registry entry, its LockGrants and the issuer's clock, epoch and key, what
+// the registry and each LockGrant must say next. It is pure (no API calls,
+// no clock of its own), so the lease lifecycle is tested without a server and
+// the simulator (test/sim) drives these rules, not a copy of them.
+//
+// Decide runs named steps in order, each a small function with its own test:
+//
+//  1. servedRequests: one LockGrant per requestID is served.
+//  2. adoptEpoch: a newer issuer epoch takes over and extends held leases.
+//  3. settleHolder: the holder renews, or its grant ends (Ending says why).
+//  4. rebuildQueue: drop requests that can no longer be served, append arrivals FIFO.
+//  5. issueToHead: the head of the queue gets the next fence, signed.
+//  6. setConditions: Ready, FenceRegression, Held.
+//  7. mirrorGrants: the LockGrant statuses and finalizers that follow.
+//
+// The caller commits Decision.Status with one compare-and-swap on the
+// FencedResource's resourceVersion; only then are the fence and every other
+// decision real.
+package issuing
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// Input is everything one decision depends on.
+type Input struct {
+	Resource *locksv1.FencedResource
+	Grants   []locksv1.LockGrant // every LockGrant whose spec.resource names Resource
+	// HolderDeleted is true when the holder's LockGrant was confirmed gone by an uncached read.
+	HolderDeleted bool
+	Now           time.Time
+	Epoch         int64     // this issuer's epoch
+	TakeoverAt    time.Time // when this issuer's epoch began
+	RevokedBelow  int64     // the trust bundle's revokedBelowEpoch
+	Signer        *grant.Signer
+}
+
+// Event is an Event to emit once the writes it describes succeeded.
+type Event struct {
+	GrantUID string // "" for an event about the FencedResource only
+	Type     string // corev1.EventTypeNormal or Warning
+	Reason   string
+	Note     string
+}
+
+// GrantStatus is the new status of the LockGrant named Name.
+type GrantStatus struct {
+	Name   string
+	Status locksv1.LockGrantStatus
+}
+
+// Counts are what the decision did, for metrics.
+type Counts struct {
+	Issued, Handoffs, Expiries, Releases, Revocations int
+}
+
+// Decision is the next registry status (one compare-and-swap) and the
+// LockGrant changes that follow from it.
+type Decision struct {
+	Status        locksv1.FencedResourceStatus
+	StatusChanged bool
+	// GrantStatus lists the LockGrants whose status must change, endings
+	// first: written in this order, no two LockGrants ever show Held at once.
+	GrantStatus []GrantStatus
+	// AddFinalizer and RemoveFinalizer list LockGrant names.
+	AddFinalizer, RemoveFinalizer []string
+	Events                        []Event
+	RequeueAfter                  time.Duration
+	// IssuedTo is the LockGrant given a new fence; the caller confirms with an
+	// uncached read that it was never granted before committing.
+	IssuedTo string
+	// PolicyDenial is set when a request is denied by the FencedResource's
+	// policy; the caller confirms the policy is current before writing it.
+	PolicyDenial bool
+	// Superseded is set when a newer issuer epoch already wrote this registry
+	// entry: this issuer must not decide anything for it.
+	Superseded bool
+	Counts     Counts
+}
+
+// view is the decision in progress: the input indexed, and the status being built.
+type view struct {
+	in     *Input
+	byName map[string]*locksv1.LockGrant
+	served map[string]string // requestID -> the LockGrant served for it
+	st     locksv1.FencedResourceStatus
+	lease  time.Duration
+}
+
+// Decide computes the next registry state. Invariants it keeps, whatever the
+// input: at most one holder; status.fenceToken never decreases; a new fence
+// is max(fenceToken, fenceFloor)+1; a LockGrant's phase only moves forward.
+func Decide(in Input) (Decision, error) {
+	// Times are stored as MicroTime: deciding with the same precision keeps
+	// the next reconcile, which reads them back, from seeing a difference and
+	// writing every LockGrant status twice.
+	in.Now = in.Now.Truncate(time.Microsecond)
+	fr := in.Resource
+	v := &view{in: &in, byName: make(map[string]*locksv1.LockGrant, len(in.Grants)),
+		st: *fr.Status.DeepCopy(), lease: time.Duration(fr.Spec.LeaseDurationSeconds) * time.Second}
+	for i := range in.Grants {
+		v.byName[in.Grants[i].Name] = &in.Grants[i]
+	}
+	v.served = servedRequests(fr, in.Grants)
+	var d Decision
+	if fr.Status.IssuerEpoch > in.Epoch {
+		d.Superseded = true
+		return d, nil
+	}
+	d.Events = append(d.Events, adoptEpoch(v)...)
+	ended := settleHolder(v, &d)
+	rebuildQueue(v)
+	if err := issueToHead(v, &d, len(ended) > 0); err != nil {
+		return Decision{}, err
+	}
+	v.st.PolicyGeneration = fr.Generation
+	d.RequeueAfter = setConditions(v)
+	d.Status = v.st
+	d.StatusChanged = !equality.Semantic.DeepEqual(v.st, fr.Status)
+	mirrorGrants(v, &d, ended)
+	return d, nil
+}

@@ -1,0 +1,100 @@
+package issuing
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// rebuildQueue drops queue entries that can no longer be served and appends
+// new arrivals in FIFO order, up to MaxQueueLength.
+func rebuildQueue(v *view) {
+	st, in := &v.st, v.in
+	queued := map[string]bool{}
+	keep := st.Queue[:0:0]
+	for _, q := range st.Queue {
+		if lg := v.byName[q.GrantName]; lg != nil && stillWaiting(v, lg) {
+			keep = append(keep, q)
+			queued[q.GrantName] = true
+		}
+	}
+	var arrivals []*locksv1.LockGrant
+	for i := range in.Grants {
+		lg := &in.Grants[i]
+		if !queued[lg.Name] && !isHolder(in.Resource.Status.Holder, lg) && lg.Status.Phase != locksv1.PhaseHeld && stillWaiting(v, lg) {
+			arrivals = append(arrivals, lg)
+		}
+	}
+	slices.SortFunc(arrivals, func(a, b *locksv1.LockGrant) int {
+		if arrivedBefore(a, b) {
+			return -1
+		}
+		return 1
+	})
+	for _, lg := range arrivals {
+		if len(keep) >= locksv1.MaxQueueLength {
+			break
+		}
+		keep = append(keep, locksv1.QueuedGrant{GrantName: lg.Name, Owner: lg.Spec.Owner})
+	}
+	st.Queue = keep
+	if len(st.Queue) == 0 {
+		st.Queue = nil
+	}
+}
+
+// stillWaiting reports whether lg may still be issued a grant: not leaving,
+// never granted, not the holder, and allowed by the policy.
+func stillWaiting(v *view, lg *locksv1.LockGrant) bool {
+	if lg.DeletionTimestamp != nil || lg.Spec.Release || lg.Status.Phase.Terminal() || isHolder(v.st.Holder, lg) || lg.Status.Grant != nil {
+		return false
+	}
+	r, _ := denial(v.in.Resource, lg, v.served)
+	return r == ""
+}
+
+// issueToHead gives the head of the queue the next fence when nobody holds
+// and this issuer's epoch is not revoked. The fence becomes real only if the
+// caller's compare-and-swap on the FencedResource's resourceVersion succeeds.
+func issueToHead(v *view, d *Decision, handoff bool) error {
+	st, in, fr := &v.st, v.in, v.in.Resource
+	if st.Holder != nil || len(st.Queue) == 0 || in.Epoch < in.RevokedBelow {
+		return nil
+	}
+	head := v.byName[st.Queue[0].GrantName]
+	st.Queue = st.Queue[1:]
+	if len(st.Queue) == 0 {
+		st.Queue = nil
+	}
+	fence := max(st.FenceToken, fr.Spec.FenceFloor) + 1
+	now := in.Now.UTC()
+	h := &locksv1.Holder{
+		GrantName: head.Name, GrantUID: string(head.UID), Owner: head.Spec.Owner,
+		Lease: head.Spec.Lease, RequestID: head.Spec.RequestID, FenceToken: fence,
+		OperationRoot: head.Spec.OperationRoot, OperationCategory: head.Spec.OperationCategory,
+		IssuerEpoch: in.Epoch, PolicyGeneration: fr.Generation, BackendRevision: fr.ResourceVersion,
+		TTLSeconds: int64(fr.Spec.LeaseDurationSeconds), IssuedAt: now.Format(time.RFC3339Nano),
+		ExpiresAt: metav1.NewMicroTime(now.Add(v.lease)), ObservedRenewals: head.Spec.Renewals,
+	}
+	digest, proof, err := in.Signer.Sign(h.Grant(fr.Spec.ResourceID))
+	if err != nil {
+		return fmt.Errorf("sign grant for %s: %w", head.Name, err)
+	}
+	h.Digest, h.Proof = digest, proof
+	st.Holder = h
+	st.FenceToken = fence
+	st.BackendRevision = fr.ResourceVersion
+	d.Counts.Issued++
+	d.IssuedTo = head.Name
+	reason, note := "Issued", fmt.Sprintf("fence %d issued to %s (lease %s)", fence, h.Owner, h.Lease)
+	if handoff {
+		d.Counts.Handoffs++
+		reason, note = "HandedOff", fmt.Sprintf("handed off to %s with fence %d", h.Owner, fence)
+	}
+	d.Events = append(d.Events, Event{string(head.UID), "Normal", reason, note})
+	return nil
+}

@@ -1,0 +1,58 @@
+package issuing
+
+import (
+	"fmt"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// servedRequests picks the one LockGrant served per requestID: one that was
+// granted already, otherwise the earliest (the webhook's uniqueness check can
+// race with a twin create). It returns requestID -> LockGrant name.
+func servedRequests(fr *locksv1.FencedResource, grants []locksv1.LockGrant) map[string]string {
+	served := map[string]string{}
+	chosen := map[string]*locksv1.LockGrant{}
+	for i := range grants {
+		lg := &grants[i]
+		cur, ok := chosen[lg.Spec.RequestID]
+		switch {
+		case !ok:
+		case granted(fr, cur) != granted(fr, lg):
+			if !granted(fr, lg) {
+				continue
+			}
+		case !arrivedBefore(lg, cur):
+			continue
+		}
+		chosen[lg.Spec.RequestID] = lg
+		served[lg.Spec.RequestID] = lg.Name
+	}
+	return served
+}
+
+// denial returns why a waiting request can never be served, or "".
+func denial(fr *locksv1.FencedResource, lg *locksv1.LockGrant, served map[string]string) (string, string) {
+	if n := served[lg.Spec.RequestID]; n != lg.Name {
+		return locksv1.ReasonDuplicateRequest, fmt.Sprintf("LockGrant %s already carries requestID %q for this resource", n, lg.Spec.RequestID)
+	}
+	return fr.PolicyViolation(lg.Spec.Owner, lg.Spec.OperationCategory)
+}
+
+// arrivedBefore orders requests FIFO by creation, then by name for a stable order.
+func arrivedBefore(a, b *locksv1.LockGrant) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+// granted reports whether lg holds or ever held a grant.
+func granted(fr *locksv1.FencedResource, lg *locksv1.LockGrant) bool {
+	return lg.Status.Grant != nil || isHolder(fr.Status.Holder, lg)
+}
+
+// isHolder reports whether the holder record names lg (name and UID: a
+// re-created LockGrant of the same name is another request).
+func isHolder(h *locksv1.Holder, lg *locksv1.LockGrant) bool {
+	return h != nil && lg != nil && h.GrantName == lg.Name && h.GrantUID == string(lg.UID)
+}

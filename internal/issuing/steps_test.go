@@ -1,0 +1,213 @@
+package issuing
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// newView is the decision state Decide builds before its steps run.
+func newView(t *testing.T, in *Input) *view {
+	t.Helper()
+	v := &view{in: in, byName: map[string]*locksv1.LockGrant{}, st: *in.Resource.Status.DeepCopy(),
+		lease: time.Duration(in.Resource.Spec.LeaseDurationSeconds) * time.Second}
+	for i := range in.Grants {
+		v.byName[in.Grants[i].Name] = &in.Grants[i]
+	}
+	v.served = servedRequests(in.Resource, in.Grants)
+	return v
+}
+
+func TestServedRequests(t *testing.T) {
+	twin := func(name string, created time.Duration, granted bool) locksv1.LockGrant {
+		g := lg(name, created)
+		g.Spec.RequestID = "same"
+		if granted {
+			g.Status.Grant = &locksv1.GrantDocument{FenceToken: 1}
+		}
+		return g
+	}
+	for _, c := range []struct {
+		name   string
+		grants []locksv1.LockGrant
+		want   string
+	}{
+		{"the earliest of two twins", []locksv1.LockGrant{twin("b", 2*time.Second, false), twin("a", time.Second, false)}, "a"},
+		{"the granted one, even if later", []locksv1.LockGrant{twin("a", time.Second, false), twin("b", 2*time.Second, true)}, "b"},
+		{"same creation time: by name", []locksv1.LockGrant{twin("y", time.Second, false), twin("x", time.Second, false)}, "x"},
+	} {
+		if got := servedRequests(fr(10), c.grants)["same"]; got != c.want {
+			t.Errorf("%s: served %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestEnding(t *testing.T) {
+	now := t0.Add(time.Minute)
+	live := GrantFacts{IssuerEpoch: 2, PolicyGeneration: 3, ExpiresAt: now.Add(time.Second)}
+	with := func(mut func(*GrantFacts)) GrantFacts { f := live; mut(&f); return f }
+	for _, c := range []struct {
+		name   string
+		facts  GrantFacts
+		phase  locksv1.LockGrantPhase
+		reason string
+	}{
+		{"holds", live, "", ""},
+		{"gone wins over everything", with(func(f *GrantFacts) { f.Gone, f.IssuerEpoch, f.Release = true, 0, true }), locksv1.PhaseReleased, locksv1.ReasonDeleted},
+		{"revoked epoch wins over release", with(func(f *GrantFacts) { f.IssuerEpoch, f.Release = 1, true }), locksv1.PhaseRevoked, locksv1.ReasonRevoked},
+		{"an old policy", with(func(f *GrantFacts) { f.PolicyGeneration = 2 }), locksv1.PhaseRevoked, locksv1.ReasonPolicyChanged},
+		{"deleting wins over expiry", with(func(f *GrantFacts) { f.Deleting, f.ExpiresAt = true, now }), locksv1.PhaseReleased, locksv1.ReasonDeleted},
+		{"expired at expiresAt exactly", with(func(f *GrantFacts) { f.ExpiresAt = now }), locksv1.PhaseExpired, locksv1.ReasonExpired},
+		{"a release seen after expiry counts as expiry", with(func(f *GrantFacts) { f.ExpiresAt, f.Release = now.Add(-time.Millisecond), true }), locksv1.PhaseExpired, locksv1.ReasonExpired},
+		{"a release before expiry", with(func(f *GrantFacts) { f.Release = true }), locksv1.PhaseReleased, locksv1.ReasonReleased},
+		{"expiry unknown: a release counts", with(func(f *GrantFacts) { f.ExpiryUnknown, f.ExpiresAt, f.Release = true, now.Add(-time.Hour), true }), locksv1.PhaseReleased, locksv1.ReasonReleased},
+		{"expiry unknown, nothing else: holds", with(func(f *GrantFacts) { f.ExpiryUnknown, f.ExpiresAt = true, time.Time{} }), "", ""},
+	} {
+		if p, r := Ending(c.facts, 2, 3, now); p != c.phase || r != c.reason {
+			t.Errorf("%s: got %q/%q, want %q/%q", c.name, p, r, c.phase, c.reason)
+		}
+	}
+}
+
+func TestAdoptEpoch(t *testing.T) {
+	holder := func(expires time.Time) *locksv1.FencedResource {
+		f := fr(10)
+		f.Status.IssuerEpoch = 1
+		f.Status.Holder = &locksv1.Holder{GrantUID: "uid-a", FenceToken: 4, ExpiresAt: metav1.NewMicroTime(expires)}
+		return f
+	}
+	for _, c := range []struct {
+		name        string
+		f           *locksv1.FencedResource
+		epoch       int64
+		wantExpires time.Time
+		wantEvents  int
+	}{
+		{"same epoch: nothing changes", holder(t0.Add(3 * time.Second)), 1, t0.Add(3 * time.Second), 0},
+		{"new epoch extends to takeover + lease", holder(t0.Add(3 * time.Second)), 2, t0.Add(10 * time.Second), 1},
+		{"new epoch never shortens a lease", holder(t0.Add(time.Minute)), 2, t0.Add(time.Minute), 0},
+	} {
+		v := newView(t, &Input{Resource: c.f, Epoch: c.epoch, TakeoverAt: t0})
+		events := adoptEpoch(v)
+		if v.st.IssuerEpoch != c.epoch || !v.st.Holder.ExpiresAt.Time.Equal(c.wantExpires) || len(events) != c.wantEvents {
+			t.Errorf("%s: epoch %d, expires %s, %d events", c.name, v.st.IssuerEpoch, v.st.Holder.ExpiresAt.Time, len(events))
+		}
+	}
+}
+
+func TestRebuildQueue(t *testing.T) {
+	f := fr(10)
+	f.Spec.AllowedOwners = []string{"owner-a", "owner-b", "owner-c", "owner-d", "owner-e"}
+	released, deleting, denied, granted := lg("r", 0), lg("d", 0), lg("x", 0), lg("g", 0)
+	released.Spec.Release = true
+	now := metav1.NewTime(t0)
+	deleting.DeletionTimestamp = &now
+	denied.Spec.Owner = "stranger"
+	granted.Status.Grant = &locksv1.GrantDocument{FenceToken: 1}
+	f.Status.Queue = []locksv1.QueuedGrant{{GrantName: "c"}, {GrantName: "r"}, {GrantName: "gone"}, {GrantName: "a"}}
+	in := &Input{Resource: f, Grants: []locksv1.LockGrant{lg("a", 3), lg("b", 2), lg("c", 5), lg("e", 1), released, deleting, denied, granted}}
+	v := newView(t, in)
+	rebuildQueue(v)
+	var got []string
+	for _, q := range v.st.Queue {
+		got = append(got, q.GrantName)
+	}
+	// The kept order first (c, a), then arrivals by creation (e, b).
+	if want := []string{"c", "a", "e", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("queue %v, want %v", got, want)
+	}
+}
+
+func TestIssueToHead(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		token, floor int64
+		epoch        int64
+		revoked      int64
+		wantFence    int64
+	}{
+		{"next fence", 4, 0, 1, 0, 5},
+		{"above the floor", 4, 9, 1, 0, 10},
+		{"a revoked issuer issues nothing", 4, 0, 1, 2, 0},
+	} {
+		f := fr(10)
+		f.Status.FenceToken, f.Spec.FenceFloor = c.token, c.floor
+		f.Status.Queue = []locksv1.QueuedGrant{{GrantName: "a"}}
+		v := newView(t, &Input{Resource: f, Grants: []locksv1.LockGrant{lg("a", 0)}, Now: t0, Epoch: c.epoch, RevokedBelow: c.revoked, Signer: testSigner(t)})
+		var d Decision
+		if err := issueToHead(v, &d, true); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case c.wantFence == 0 && (v.st.Holder != nil || d.IssuedTo != ""):
+			t.Errorf("%s: issued %+v", c.name, v.st.Holder)
+		case c.wantFence != 0 && (v.st.Holder == nil || v.st.Holder.FenceToken != c.wantFence || v.st.FenceToken != c.wantFence ||
+			v.st.Holder.Proof == "" || d.Counts.Handoffs != 1 || v.st.Queue != nil):
+			t.Errorf("%s: holder %+v, token %d, decision %+v", c.name, v.st.Holder, v.st.FenceToken, d)
+		}
+	}
+}
+
+func TestFinalizerChange(t *testing.T) {
+	now := metav1.NewTime(t0)
+	with := func(fin, deleting bool, phase locksv1.LockGrantPhase) *locksv1.LockGrant {
+		g := lg("a", 0)
+		if !fin {
+			g.Finalizers = nil
+		}
+		if deleting {
+			g.DeletionTimestamp = &now
+		}
+		g.Status.Phase = phase
+		return &g
+	}
+	for _, c := range []struct {
+		name           string
+		g              *locksv1.LockGrant
+		holds, endsNow bool
+		want           int
+	}{
+		{"a live request gets it", with(false, false, locksv1.PhasePending), false, false, 1},
+		{"not when it ends now", with(false, false, locksv1.PhaseHeld), false, true, 0},
+		{"not when terminal", with(false, false, locksv1.PhaseExpired), false, false, 0},
+		{"deleted and not holding: removed", with(true, true, locksv1.PhaseHeld), false, false, -1},
+		{"deleted but still the holder: kept", with(true, true, locksv1.PhaseHeld), true, false, 0},
+	} {
+		if got := finalizerChange(c.g, c.holds, c.endsNow); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestSetConditions(t *testing.T) {
+	f := fr(10)
+	f.Spec.FenceFloor = 7
+	f.Status.HighestObservedFence = 7
+	SetCondition(&f.Status.Conditions, 1, locksv1.ConditionFenceRegression, true, locksv1.ReasonRegressionFound, "behind")
+	f.Status.Holder = &locksv1.Holder{Owner: "o", FenceToken: 8, ExpiresAt: metav1.NewMicroTime(t0.Add(4 * time.Second))}
+	v := newView(t, &Input{Resource: f, Now: t0, Epoch: 1, RevokedBelow: 2})
+	requeue := setConditions(v)
+	want := map[string]metav1.ConditionStatus{locksv1.ConditionReady: metav1.ConditionFalse,
+		locksv1.ConditionFenceRegression: metav1.ConditionFalse, locksv1.ConditionHeld: metav1.ConditionTrue}
+	for typ, status := range want {
+		if c := findCondition(v.st.Conditions, typ); c == nil || c.Status != status {
+			t.Errorf("%s: %+v, want %s", typ, c, status)
+		}
+	}
+	if requeue != 4*time.Second {
+		t.Errorf("requeue after %s, want the holder's expiry in 4s", requeue)
+	}
+}
+
+func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == typ {
+			return &conds[i]
+		}
+	}
+	return nil
+}
