@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,8 +140,9 @@ func startWebhookServer() {
 type operator struct {
 	issuer *controllers.Issuer
 	clock  *clocktesting.FakeClock
-	cancel context.CancelFunc
-	done   sync.WaitGroup
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
+	stopped atomic.Bool
 }
 
 func startOperator(name string, clk *clocktesting.FakeClock, opts controllers.Options) *operator {
@@ -168,9 +170,18 @@ func startOperator(name string, clk *clocktesting.FakeClock, opts controllers.Op
 
 // stop ends the operator and waits until it has fully stopped.
 func (o *operator) stop() {
+	o.stopped.Store(true)
 	o.cancel()
 	o.done.Wait()
 }
+
+// A spec that stops the primary issuer and fails before it starts another
+// must not leave every later spec without one.
+var _ = AfterEach(func() {
+	if primary != nil && primary.stopped.Load() {
+		primary = startOperator("primary-restarted", issuerClock, controllers.Options{})
+	}
+})
 
 // step advances the issuer's clock and makes it look at every resource again
 // (in production time passes and requeues fire; here time is ours).
