@@ -173,8 +173,8 @@ const notProtected = "NOT_PROTECTED"
 func nonTarget(r *request) admission.Response {
 	if writes, _ := fenceStateChange(r); writes {
 		decisions.WithLabelValues(string(fence.WrongResource), "", "false").Inc()
-		return admission.Denied(fmt.Sprintf("WRONG_RESOURCE: no FencedResource names %s %s as its target, and %s and %s annotations are only written to a target (if its FencedResource was just created, retry)",
-			r.kind, r.name, fence.AnnotationFence, fence.AnnotationReceipts))
+		return denied(fence.Decision{Verdict: fence.WrongResource, Message: fmt.Sprintf("WRONG_RESOURCE: no FencedResource names %s %s as its target, and %s and %s annotations are only written to a target (if its FencedResource was just created, retry)",
+			r.kind, r.name, fence.AnnotationFence, fence.AnnotationReceipts)})
 	}
 	decisions.WithLabelValues(notProtected, "", "true").Inc()
 	return admission.Allowed("not protected: no FencedResource names this object as its target")
@@ -423,7 +423,20 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *
 		v.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, string(d.Verdict), "Deny",
 			"%s of %s %s by %s denied: %s", strings.ToLower(string(r.Operation)), r.kind, r.name, r.UserInfo.Username, d.Message)
 	}
-	return admission.Denied(d.Message)
+	return denied(d)
+}
+
+// denied is the admission denial of d: the message starts with the verdict,
+// and the status details carry it as data (fence.CauseVerdict, and the
+// original receipt of ALREADY_APPLIED as fence.CauseReceipt).
+func denied(d fence.Decision) admission.Response {
+	resp := admission.Denied(d.Message)
+	causes := []metav1.StatusCause{{Type: fence.CauseVerdict, Message: string(d.Verdict)}}
+	if d.Verdict == fence.AlreadyApplied && d.Receipt != "" {
+		causes = append(causes, metav1.StatusCause{Type: fence.CauseReceipt, Message: d.Receipt})
+	}
+	resp.Result.Details = &metav1.StatusDetails{Causes: causes}
+	return resp
 }
 
 // fenceStateChange says how a write changes the fence and receipt

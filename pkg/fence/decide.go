@@ -46,6 +46,15 @@ const (
 	ProtectionRemoved Verdict = "PROTECTION_REMOVED"
 )
 
+// A denial carries its verdict as data as well as in its message: the
+// admission status's details.causes hold one cause of type CauseVerdict whose
+// message is the code and, for ALREADY_APPLIED, one of type CauseReceipt whose
+// message is the original receipt. The API server passes both to the client.
+const (
+	CauseVerdict = "fencekeeper.dev/verdict"
+	CauseReceipt = "fencekeeper.dev/receipt"
+)
+
 // Allowed reports whether the verdict lets the write through (in Enforce mode).
 func (v Verdict) Allowed() bool { return v == Accepted || v == Unchanged }
 

@@ -2,8 +2,7 @@ package lockclient
 
 import (
 	"errors"
-	"fmt"
-	"regexp"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
@@ -63,15 +62,14 @@ type DenialError struct {
 	Verdict fence.Verdict
 	// Message is the webhook's explanation; it starts with the verdict.
 	Message string
+	// Receipt is the original receipt of an ALREADY_APPLIED segment.
+	Receipt string
 }
 
 func (e *DenialError) Error() string { return "fenced write denied: " + e.Message }
 
 // Is matches the sentinel error of the verdict.
 func (e *DenialError) Is(target error) bool { return verdictErrors[e.Verdict] == target }
-
-var denialRE = regexp.MustCompile(`denied the request: ([A-Z_]+): (.*)$`)
-var receiptRE = regexp.MustCompile(`receipt (sha256:[0-9a-f]{64})`)
 
 // AsDenial recognizes an admission denial by the acceptance webhook: a
 // *DenialError from this package, or the error of any Kubernetes client.
@@ -83,17 +81,31 @@ func AsDenial(err error) (*DenialError, bool) {
 	return asDenial(err)
 }
 
+// asDenial reads the verdict from the API status's details, where the
+// acceptance webhook puts it as data (fence.CauseVerdict, fence.CauseReceipt);
+// the text is only shown, never parsed.
 func asDenial(err error) (*DenialError, bool) {
-	if err == nil || !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)) {
+	var api apierrors.APIStatus
+	if err == nil || !errors.As(err, &api) || api.Status().Details == nil {
 		return nil, false
 	}
-	m := denialRE.FindStringSubmatch(err.Error())
-	if m == nil {
+	st := api.Status()
+	d := &DenialError{}
+	for _, c := range st.Details.Causes {
+		switch c.Type {
+		case fence.CauseVerdict:
+			d.Verdict = fence.Verdict(c.Message)
+		case fence.CauseReceipt:
+			d.Receipt = c.Message
+		}
+	}
+	if _, ok := verdictErrors[d.Verdict]; !ok && d.Verdict != fence.AlreadyApplied {
 		return nil, false
 	}
-	v := fence.Verdict(m[1])
-	if _, ok := verdictErrors[v]; !ok && v != fence.AlreadyApplied {
-		return nil, false
+	// The API server prefixes the webhook's message with its own words.
+	d.Message = st.Message
+	if i := strings.Index(st.Message, string(d.Verdict)+":"); i >= 0 {
+		d.Message = st.Message[i:]
 	}
-	return &DenialError{Verdict: v, Message: fmt.Sprintf("%s: %s", m[1], m[2])}, true
+	return d, true
 }

@@ -185,8 +185,8 @@ func (op *Operation) settle(ctx context.Context, obj client.Object, p prepared, 
 	}
 	if d, ok := asDenial(err); ok {
 		if d.Verdict == fence.AlreadyApplied {
-			if m := receiptRE.FindStringSubmatch(d.Message); m != nil {
-				c.receipt.Receipt = m[1]
+			if d.Receipt != "" {
+				c.receipt.Receipt = d.Receipt
 			}
 			return c, false, nil
 		}

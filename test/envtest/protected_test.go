@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -153,9 +154,23 @@ func mergeMap(m, add map[string]string) map[string]string {
 	return m
 }
 
-// denied matches an admission denial whose message starts with code.
+// denied matches an admission denial by the acceptance webhook whose message
+// starts with code and whose status details carry code as data, as the real
+// API server passes them to the client.
 func denied(code fence.Verdict) OmegaMatcher {
-	return MatchError(ContainSubstring("denied the request: " + string(code) + ":"))
+	return And(MatchError(ContainSubstring("denied the request: "+string(code)+":")),
+		WithTransform(func(err error) string {
+			var api apierrors.APIStatus
+			if !errors.As(err, &api) || api.Status().Details == nil {
+				return "no status details"
+			}
+			for _, c := range api.Status().Details.Causes {
+				if c.Type == fence.CauseVerdict {
+					return c.Message
+				}
+			}
+			return "no verdict cause"
+		}, Equal(string(code))))
 }
 
 // deniedWith runs a write that must be denied with code, and checks that

@@ -215,11 +215,19 @@ func queuedObservation(rec *webhooks.StatusRecorder) (observation, bool) {
 	return observation{}, false
 }
 
-// verdictOf reads the verdict code the admission message starts with.
+// verdictOf reads a denial's verdict from the status details (as the client
+// library does) and an allowed write's from the code its message starts with.
 func verdictOf(resp admission.Response) (fence.Verdict, string) {
 	msg := ""
 	if resp.Result != nil {
 		msg = resp.Result.Message
+	}
+	if !resp.Allowed && resp.Result != nil && resp.Result.Details != nil {
+		for _, c := range resp.Result.Details.Causes {
+			if c.Type == fence.CauseVerdict {
+				return fence.Verdict(c.Message), msg
+			}
+		}
 	}
 	switch {
 	case resp.Allowed && strings.HasPrefix(msg, "not protected"):
