@@ -221,6 +221,19 @@ func (tr *traffic) refusal(k time.Time) (refused, gap time.Duration, failed int)
 	return refused, gap, failed
 }
 
+// allGrantedAfter: every worker's resource got a grant after t.
+func (tr *traffic) allGrantedAfter(t time.Time) bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	n := 0
+	for _, fs := range tr.fences {
+		if len(fs) > 0 && fs[len(fs)-1].at.After(t) {
+			n++
+		}
+	}
+	return n == workers
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
