@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 
@@ -34,7 +35,9 @@ func main() {
 	flag.StringVar(&o.CertDir, "webhook-cert-dir", "", "Directory with tls.crt and tls.key for the webhook server (default: controller-runtime's).")
 	flag.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server.")
 	flag.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "FencedResources decided in parallel (one resource is never decided twice at once).")
-	flag.BoolVar(&o.SelfSignedCerts, "self-signed-certs", false, "Generate the webhook serving certificate and patch the webhook configuration's caBundle (local control planes without cert-manager).")
+	flag.BoolVar(&o.SelfSignedCerts, "self-signed-certs", false, "Serve a self-signed webhook certificate shared by all replicas through one Secret (--webhook-cert-secret), rotated before expiry, and patch the webhook configuration's caBundle (clusters without cert-manager).")
+	flag.StringVar(&o.CertSecret, "webhook-cert-secret", "fencekeeper-webhook-self-signed-cert", "With --self-signed-certs: the Secret in --namespace holding the shared CA and serving certificate (the operator's Role names it).")
+	flag.DurationVar(&o.CertSyncInterval, "webhook-cert-sync-interval", time.Minute, "With --self-signed-certs: how often each replica re-reads the Secret (reloads a renewed certificate, renews a due one).")
 	flag.StringVar(&webhookHosts, "webhook-hosts", "localhost,127.0.0.1", "With --self-signed-certs: comma-separated host names and IPs of the serving certificate.")
 	flag.StringVar(&o.WebhookConfiguration, "webhook-configuration", locksv1.WebhookConfigurationName, "With --self-signed-certs: the ValidatingWebhookConfiguration whose caBundle is patched.")
 	zapOpts := zap.Options{}

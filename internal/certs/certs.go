@@ -1,6 +1,7 @@
 // Package certs makes the webhook's serving certificate when no certificate
-// manager is available (the embedded control plane of `make dev` and `make
-// demo`): a private CA and a leaf certificate for the given host names.
+// manager is available: a private CA and a leaf certificate for the given
+// host names. The Rotator shares them between replicas through one Secret and
+// rotates them before they expire.
 package certs
 
 import (
@@ -26,48 +27,84 @@ type Bundle struct {
 // Generate makes a CA and a serving certificate for hosts (DNS names or IPs), valid for validity.
 func Generate(hosts []string, validity time.Duration) (*Bundle, error) {
 	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := newCA(now, validity)
 	if err != nil {
 		return nil, err
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "fencekeeper-webhook-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	leaf, err := ca.issue(hosts, now, validity)
 	if err != nil {
-		return nil, fmt.Errorf("create CA certificate: %w", err)
+		return nil, err
 	}
-	ca, _ := x509.ParseCertificate(caDER)
+	return &Bundle{CACert: ca.certPEM, Cert: leaf.certPEM, Key: leaf.keyPEM}, nil
+}
+
+// keyPair is a certificate and its private key, parsed and PEM-encoded.
+type keyPair struct {
+	cert            *x509.Certificate
+	key             *ecdsa.PrivateKey
+	certPEM, keyPEM []byte
+}
+
+// newCA makes a self-signed CA valid from an hour before now (clock skew) for validity.
+func newCA(now time.Time, validity time.Duration) (*keyPair, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "fencekeeper-webhook"},
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "fencekeeper-webhook-ca", SerialNumber: serial().String()},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("create CA certificate: %w", err)
+	}
+	return encodePair(der, key)
+}
+
+// issue signs a serving certificate for hosts, valid for validity but never past the CA.
+func (ca *keyPair) issue(hosts []string, now time.Time, validity time.Duration) (*keyPair, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(ca.cert.NotAfter) {
+		notAfter = ca.cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "fencekeeper-webhook"},
+		NotBefore: now.Add(-time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
+		} else if h != "" {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("create serving certificate: %w", err)
+	}
+	return encodePair(der, key)
+}
+
+func encodePair(der []byte, key *ecdsa.PrivateKey) (*keyPair, error) {
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		return nil, err
 	}
-	return &Bundle{
-		CACert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		Cert:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		Key:    pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	return &keyPair{
+		cert: cert, key: key,
+		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
 	}, nil
 }
 

@@ -63,10 +63,11 @@ type GuardOptions struct {
 	Namespace string
 	// WebhookConfiguration is the ValidatingWebhookConfiguration kept as installed.
 	WebhookConfiguration string
-	// CABundle, when set, is the caBundle the operator manages (self-signed
-	// certificates); it is then restored too. Otherwise the caBundle belongs
-	// to whoever injects it (cert-manager) and is left alone.
-	CABundle []byte
+	// CABundle, when set, returns the caBundle the operator manages
+	// (self-signed certificates, rotated); it is then restored too.
+	// Otherwise the caBundle belongs to whoever injects it (cert-manager)
+	// and is left alone.
+	CABundle func() []byte
 	// DesiredWebhooks, when set, returns the webhooks as installed. When nil,
 	// the guard takes them from the API server the first time it runs as
 	// leader: the configuration this operator was started with.
@@ -289,7 +290,7 @@ func (g *AdmissionGuard) desiredWebhooks(ctx context.Context, live *admissionreg
 	for i := range g.desired {
 		out[i] = *g.desired[i].DeepCopy()
 		if g.opts.CABundle != nil {
-			out[i].ClientConfig.CABundle = g.opts.CABundle
+			out[i].ClientConfig.CABundle = g.opts.CABundle()
 		}
 	}
 	return out, nil

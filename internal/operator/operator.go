@@ -9,8 +9,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -41,13 +39,21 @@ type Options struct {
 	// WebhookHost and WebhookPort are where the webhook server listens.
 	WebhookHost string
 	WebhookPort int
-	// CertDir holds tls.crt and tls.key (written there with SelfSignedCerts).
+	// CertDir holds tls.crt and tls.key (unused with SelfSignedCerts).
 	CertDir string
-	// SelfSignedCerts generates a CA and serving certificate for WebhookHosts
-	// and patches WebhookConfiguration's caBundle (no cert-manager needed).
+	// SelfSignedCerts serves a CA and serving certificate for WebhookHosts
+	// kept in the Secret CertSecret, shared by all replicas and rotated
+	// before expiry, and patches WebhookConfiguration's caBundle (no
+	// cert-manager needed).
 	SelfSignedCerts      bool
 	WebhookHosts         []string
 	WebhookConfiguration string
+	// CertSecret (default certs.DefaultSecretName) and CertSyncInterval
+	// (default 1m: how soon a replica serves a renewed certificate).
+	CertSecret       string
+	CertSyncInterval time.Duration
+	// CertPolicy overrides certs.DefaultPolicy (tests use short validities).
+	CertPolicy *certs.Policy
 	// MaxConcurrentReconciles: FencedResources decided in parallel.
 	MaxConcurrentReconciles int
 	// Clock is the issuer's and the webhook's clock (default: real time).
@@ -68,22 +74,16 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
-	var caBundle []byte
-	if o.SelfSignedCerts {
-		if o.CertDir == "" {
-			o.CertDir = filepath.Join(os.TempDir(), "fencekeeper-webhook-certs")
-		}
-		b, err := certs.Generate(o.WebhookHosts, 365*24*time.Hour)
-		if err == nil {
-			err = b.WriteServingFiles(o.CertDir)
-		}
-		if err != nil {
-			return fmt.Errorf("webhook serving certificate: %w", err)
-		}
-		caBundle = b.CACert
+	rotator, err := newRotator(ctx, cfg, o)
+	if err != nil {
+		return err
 	}
 	// HTTP/2 stays off on the webhook server (CVE-2023-44487, rapid reset).
-	noHTTP2 := func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	if rotator != nil {
+		// Served from the shared Secret, reloaded without restart (no cert dir watch).
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.GetCertificate = rotator.GetCertificate })
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        locksv1.Scheme,
 		Cache:                         controllers.CacheOptions(o.Namespace),
@@ -94,7 +94,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		LeaderElectionNamespace:       o.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 		WebhookServer: webhook.NewServer(webhook.Options{
-			Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.CertDir, TLSOpts: []func(*tls.Config){noHTTP2},
+			Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.CertDir, TLSOpts: tlsOpts,
 		}),
 	})
 	if err != nil {
@@ -113,15 +113,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if _, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock); err != nil {
 		return fmt.Errorf("protected-object webhook: %w", err)
 	}
-	if caBundle != nil {
-		// Uncached: the operator may get and patch this one configuration, not list or watch them.
-		uncached, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
-		if err != nil {
-			return err
+	var caBundle func() []byte
+	if rotator != nil {
+		if err := mgr.Add(rotator); err != nil {
+			return fmt.Errorf("certificate rotator: %w", err)
 		}
-		if err := mgr.Add(&webhooks.CABundlePatcher{Client: uncached, Name: o.WebhookConfiguration, CABundle: caBundle}); err != nil {
-			return fmt.Errorf("caBundle patcher: %w", err)
-		}
+		caBundle = rotator.CABundle
 	}
 	if o.WebhookConfiguration == "" {
 		o.WebhookConfiguration = locksv1.WebhookConfigurationName
@@ -158,4 +155,43 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	mgr.GetLogger().Info("starting operator", "namespace", o.Namespace, "leaderElect", o.LeaderElect)
 	return mgr.Start(ctx)
+}
+
+// newRotator returns the shared-Secret certificate rotator with
+// SelfSignedCerts (nil otherwise), after its first sync: the webhook server
+// then starts with the certificate every replica serves.
+func newRotator(ctx context.Context, cfg *rest.Config, o Options) (*certs.Rotator, error) {
+	if !o.SelfSignedCerts {
+		return nil, nil
+	}
+	if o.CertSecret == "" {
+		o.CertSecret = certs.DefaultSecretName
+	}
+	if o.CertSyncInterval <= 0 {
+		o.CertSyncInterval = time.Minute
+	}
+	policy := certs.DefaultPolicy(o.CertSyncInterval)
+	if o.CertPolicy != nil {
+		policy = *o.CertPolicy
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, err
+	}
+	// Uncached: RBAC allows this one Secret and configuration by name only.
+	c, err := client.New(cfg, client.Options{Scheme: locksv1.Scheme})
+	if err != nil {
+		return nil, err
+	}
+	r := &certs.Rotator{
+		Client: c, Namespace: o.Namespace, Name: o.CertSecret, Hosts: o.WebhookHosts,
+		Policy: policy, Interval: o.CertSyncInterval, WebhookConfiguration: o.WebhookConfiguration,
+	}
+	if r.WebhookConfiguration == "" {
+		r.WebhookConfiguration = locksv1.WebhookConfigurationName
+	}
+	// The configuration may not be installed yet: serve anyway, Start patches it later.
+	if err := r.Sync(ctx); err != nil && r.CABundle() == nil {
+		return nil, fmt.Errorf("webhook serving certificate from Secret %s/%s: %w", o.Namespace, o.CertSecret, err)
+	}
+	return r, nil
 }

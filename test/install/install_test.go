@@ -102,17 +102,15 @@ func managerSpec(t *testing.T, objs []object) (pod, container map[string]any) {
 func TestChartValues(t *testing.T) {
 	root := repoRoot(t)
 
-	t.Run("self-signed certificates need one replica", func(t *testing.T) {
-		_, err := tryRenderChart(t, root, "certificates.mode=self-signed")
-		if err == nil || !strings.Contains(err.Error(), "supports replicas=1 only") {
-			t.Fatalf("self-signed with 2 replicas rendered (err %v); want a refusal", err)
-		}
-		objs := parse(t, renderChart(t, root, "certificates.mode=self-signed", "replicas=1"))
-		for _, k := range []string{"Certificate fencekeeper-system/fencekeeper-serving-cert", "Issuer fencekeeper-system/fencekeeper-selfsigned-issuer",
-			"PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager"} {
+	t.Run("self-signed certificates: replicas share one Secret", func(t *testing.T) {
+		objs := parse(t, renderChart(t, root, "certificates.mode=self-signed"))
+		for _, k := range []string{"Certificate fencekeeper-system/fencekeeper-serving-cert", "Issuer fencekeeper-system/fencekeeper-selfsigned-issuer"} {
 			if has(objs, k) {
-				t.Errorf("self-signed, 1 replica rendered %s", k)
+				t.Errorf("self-signed rendered %s", k)
 			}
+		}
+		if !has(objs, "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager") {
+			t.Errorf("self-signed with 2 replicas rendered no PodDisruptionBudget")
 		}
 		pod, c := managerSpec(t, objs)
 		args := strings.Join(toStrings(c["args"]), " ")
@@ -122,8 +120,8 @@ func TestChartValues(t *testing.T) {
 				t.Errorf("manager args %q lack %q", args, want)
 			}
 		}
-		if _, ok := pod["volumes"].([]any)[0].(map[string]any)["emptyDir"]; !ok {
-			t.Errorf("self-signed: the certificate volume is not a writable emptyDir: %v", pod["volumes"])
+		if v, ok := pod["volumes"]; ok {
+			t.Errorf("self-signed: the replicas read the shared Secret, yet the pod mounts %v", v)
 		}
 		cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
 		if _, ok := cfg["metadata"].(map[string]any)["annotations"]; ok {
@@ -246,7 +244,7 @@ func TestServerSideDryRun(t *testing.T) {
 		{"dist/chart with every option in chart-ops", "chart-ops", renderChart(t, root, "namespace.name=chart-ops", "namespace.create=false",
 			"serviceMonitor.enabled=true", "networkPolicy.enabled=true", "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus",
 			"protectedKinds[0].group=apps", "protectedKinds[0].version=v1", "protectedKinds[0].resource=deployments", "priorityClassName=system-cluster-critical")},
-		{"dist/chart self-signed", "", renderChart(t, root, "certificates.mode=self-signed", "replicas=1")},
+		{"dist/chart self-signed", "", renderChart(t, root, "certificates.mode=self-signed")},
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -29,9 +29,6 @@ control-plane: controller-manager
 {{- if not (has .Values.certificates.mode (list "cert-manager" "self-signed")) -}}
 {{- fail (printf "certificates.mode=%q: use cert-manager or self-signed" .Values.certificates.mode) -}}
 {{- end -}}
-{{- if and (eq .Values.certificates.mode "self-signed") (gt (int .Values.replicas) 1) -}}
-{{- fail "certificates.mode=self-signed supports replicas=1 only: each replica generates its own CA and the last one to patch the caBundle wins; use cert-manager for more replicas" -}}
-{{- end -}}
 {{- range .Values.protectedKinds -}}
 {{- if or (not .resource) (not .version) (hasKey . "group" | not) -}}
 {{- fail (printf "protectedKinds entry %v: group (\"\" for the core group), version and resource (plural) are required" .) -}}
