@@ -109,7 +109,7 @@ func TestFailover(t *testing.T) {
 	time.Sleep(6 * time.Second)
 	// A worker may have been mid-claim through both kills: let each get a
 	// grant from the new leader before stopping (bounded).
-	for deadline := time.Now().Add(40 * time.Second); !tr.allGrantedAfter(takeover) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(40 * time.Second); !tr.allGrantedAfter(takeover, workers) && time.Now().Before(deadline); {
 		time.Sleep(250 * time.Millisecond)
 	}
 	stopTraffic()

@@ -221,8 +221,8 @@ func (tr *traffic) refusal(k time.Time) (refused, gap time.Duration, failed int)
 	return refused, gap, failed
 }
 
-// allGrantedAfter: every worker's resource got a grant after t.
-func (tr *traffic) allGrantedAfter(t time.Time) bool {
+// allGrantedAfter: each of the workers' resources got a grant after t.
+func (tr *traffic) allGrantedAfter(t time.Time, workers int) bool {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	n := 0
