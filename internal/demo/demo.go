@@ -106,7 +106,7 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 	if err != nil {
 		return fmt.Errorf("worker-a acquire: %w", err)
 	}
-	defer lockA.Close()
+	defer lockA.Orphan()
 	tl.log("worker-a", "acquired", "fence=%d", lockA.Fence())
 	exp.check("worker-a holds fence 1", lockA.Fence() == 1, "fence %d", lockA.Fence())
 	opA := lockA.Operation("settle-batch-by-worker-a")
@@ -150,7 +150,7 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 		return fmt.Errorf("worker-b acquire: %w", got.err)
 	}
 	lockB := got.lock
-	defer lockB.Close()
+	defer lockB.Orphan()
 	tl.log("worker-b", "acquired", "fence=%d after the issuer expired worker-a's grant", lockB.Fence())
 	exp.check("worker-b holds fence 2 (= worker-a's + 1)", lockB.Fence() == lockA.Fence()+1, "fence %d", lockB.Fence())
 	opB := lockB.Operation("settle-batch-by-worker-b")

@@ -41,7 +41,7 @@ object in between, nothing is deleted.`,
 			if err != nil {
 				return err
 			}
-			defer lock.Close()
+			defer lock.Orphan()
 			obj, err := o.targetObject(ctx, lock.Resource())
 			if err != nil {
 				return err

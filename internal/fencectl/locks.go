@@ -130,7 +130,7 @@ Running acquire again with the same --request-id finds the same request.`,
 				return explainAPI(err, "FencedResource "+args[0])
 			}
 			// This process ends here; the grant lives on until it expires or is released.
-			lock.Close()
+			lock.Orphan()
 			kube, err := o.kube()
 			if err != nil {
 				return err

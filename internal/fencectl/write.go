@@ -72,7 +72,7 @@ per grant); a write the webhook already applied returns its original receipt.`,
 			if err != nil {
 				return err
 			}
-			defer lock.Close()
+			defer lock.Orphan()
 			obj, content, err := o.target(ctx, lock.Resource(), file)
 			if err != nil {
 				return err

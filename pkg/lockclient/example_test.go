@@ -37,7 +37,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer lock.Close()
+	defer lock.Orphan()
 	fmt.Println("held with fence", lock.Fence())
 
 	op := lock.Operation("settle-2026-07-19")
@@ -82,14 +82,14 @@ func ExampleClient_Attach() {
 	if _, err := first.Operation("render-report-42").Commit(ctx, cm, setPage("1")); err != nil {
 		panic(err)
 	}
-	first.Close() // the worker crashes here; its grant is still held
+	first.Orphan() // the worker crashes here; its grant is still held
 
 	restarted, _ := lockclient.NewForConfig(ctx, cfg, "billing")
 	lock, err := restarted.Attach(ctx, lockclient.GrantName("report", "report-42"), lockclient.AcquireOptions{})
 	if err != nil {
 		panic(err)
 	}
-	defer lock.Close()
+	defer lock.Orphan()
 	receipt, err := lock.Operation("render-report-42").Commit(ctx, cm, setPage("2"))
 	if err != nil {
 		panic(err)
@@ -109,7 +109,7 @@ func ExampleOperation_Delete() {
 	if err != nil {
 		panic(err)
 	}
-	defer lock.Close()
+	defer lock.Orphan()
 	op := lock.Operation("retire-2026-07-19")
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "retired"}}
 	if _, err := op.Commit(ctx, cm, func() error { cm.Data = map[string]string{"state": "done"}; return nil }); err != nil {
@@ -134,7 +134,7 @@ func ExampleLock_Guard() {
 	if err != nil {
 		panic(err)
 	}
-	defer lock.Close()
+	defer lock.Orphan()
 	fmt.Println(lock.State(), lock.Guard())
 	<-lock.Done()
 	fmt.Println(lock.State(), errors.Is(lock.Guard(), lockclient.ErrExpired))

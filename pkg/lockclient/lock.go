@@ -60,14 +60,14 @@ type Lock struct {
 	resource string
 	opts     AcquireOptions
 
-	mu      sync.Mutex
-	state   State
-	view    *locksv1.LockGrant // the LockGrant as last confirmed by the API server
-	pending int64              // spec.renewals written, not yet observed by the issuer
-	err     error              // why the lock ended
-	closed  bool               // Close was called: nobody follows the grant any more
-	done    chan struct{}
-	cancel  context.CancelFunc
+	mu       sync.Mutex
+	state    State
+	view     *locksv1.LockGrant // the LockGrant as last confirmed by the API server
+	pending  int64              // spec.renewals written, not yet observed by the issuer
+	err      error              // why the lock ended
+	orphaned bool               // Orphan was called: nobody follows the grant any more
+	done     chan struct{}
+	cancel   context.CancelFunc
 }
 
 // Acquire requests resource (a FencedResource name) and waits, watch-driven,
@@ -111,20 +111,14 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 	o.RequestID, o.Lease, o.OperationRoot, o.OperationCategory = lg.Spec.RequestID, lg.Spec.Lease, lg.Spec.OperationRoot, lg.Spec.OperationCategory
 	l := &Lock{c: c, key: client.ObjectKeyFromObject(&lg), resource: lg.Spec.Resource, opts: o, state: StateRequested,
 		pending: lg.Spec.Renewals, done: make(chan struct{})}
-	switch lg.Status.Phase {
-	case locksv1.PhaseHeld:
-	case locksv1.PhaseExpired, locksv1.PhaseRevoked, locksv1.PhaseReleased, locksv1.PhaseDenied:
+	switch to, ended := phaseOutcome(lg.Status.Phase); {
+	case to == StateHeld:
+	case final(to):
 		if o.Unguarded && lg.Status.Grant != nil {
 			l.view, l.state = &lg, StateHeld // no keeper: nothing is renewed
 			return l, nil
 		}
-		sentinel := ErrExpired
-		if lg.Status.Phase == locksv1.PhaseReleased {
-			sentinel = ErrReleased
-		} else if lg.Status.Phase == locksv1.PhaseDenied {
-			sentinel = ErrDenied
-		}
-		return nil, fmt.Errorf("%w: LockGrant %s is %s: %s", sentinel, name, lg.Status.Phase, conditionMessage(&lg))
+		return nil, fmt.Errorf("%w: LockGrant %s is %s: %s", ended, name, lg.Status.Phase, conditionMessage(&lg))
 	default:
 		return nil, fmt.Errorf("%w: LockGrant %s is %s, not Held yet", ErrOwnershipUnknown, name, phaseOrPending(&lg))
 	}
@@ -151,7 +145,7 @@ func (l *Lock) hold(ctx context.Context, lg *locksv1.LockGrant) {
 	l.mu.Lock()
 	l.view = lg
 	l.mu.Unlock()
-	l.setState(StateHeld, nil)
+	l.apply(learned{kind: observed, phase: locksv1.PhaseHeld, confirmed: true})
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.cancel = cancel
 	go l.keep(kctx)
@@ -233,16 +227,14 @@ func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
 	}
 }
 
+// acquired reports whether the issuer decided the request: held (with its
+// grant), or ended before this lock saw it held.
 func acquired(lg *locksv1.LockGrant) (bool, error) {
-	switch lg.Status.Phase {
-	case locksv1.PhaseHeld:
+	switch to, ended := phaseOutcome(lg.Status.Phase); {
+	case to == StateHeld:
 		return lg.Status.Grant != nil, nil
-	case locksv1.PhaseDenied:
-		return true, fmt.Errorf("%w: %s", ErrDenied, conditionMessage(lg))
-	case locksv1.PhaseExpired, locksv1.PhaseRevoked:
-		return true, fmt.Errorf("%w before it was observed held: %s", ErrExpired, conditionMessage(lg))
-	case locksv1.PhaseReleased:
-		return true, fmt.Errorf("%w before it was observed held", ErrReleased)
+	case final(to):
+		return true, fmt.Errorf("%w before it was observed held: %s", ended, conditionMessage(lg))
 	}
 	return false, nil
 }
@@ -300,23 +292,18 @@ func (l *Lock) observe(lg *locksv1.LockGrant) {
 	l.view = lg
 	pending := l.pending
 	l.mu.Unlock()
-	switch lg.Status.Phase {
-	case locksv1.PhaseExpired, locksv1.PhaseRevoked, locksv1.PhaseDenied:
-		l.setState(StateExpired, fmt.Errorf("%w: %s", ErrExpired, conditionMessage(lg)))
-	case locksv1.PhaseReleased:
-		l.setState(StateReleased, ErrReleased)
-	case locksv1.PhaseHeld:
-		if lg.Status.ObservedRenewals >= pending {
-			l.setState(StateHeld, nil)
-		}
+	why := ""
+	if lg.Status.Phase != locksv1.PhaseReleased {
+		why = conditionMessage(lg)
 	}
+	l.apply(learned{kind: observed, phase: lg.Status.Phase, confirmed: lg.Status.ObservedRenewals >= pending, why: why})
 }
 
 // renewOrQuery runs once per interval: after an unconfirmed renewal it asks the
 // server where things stand; otherwise it renews.
 func (l *Lock) renewOrQuery(ctx context.Context) {
-	if s := l.State(); s == StateRenewing || s == StateOwnershipUnknown {
-		l.setState(StateOwnershipUnknown, nil)
+	l.apply(learned{kind: intervalPassed})
+	if l.State() == StateOwnershipUnknown {
 		qctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
 		defer cancel()
 		var lg locksv1.LockGrant
@@ -345,18 +332,19 @@ func (l *Lock) renew(ctx context.Context) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var lg locksv1.LockGrant
 		if err := l.c.kube.Get(rctx, l.key, &lg); err != nil {
-			l.setState(StateOwnershipUnknown, nil)
+			l.apply(learned{kind: noAnswer})
 			return
 		}
 		l.observe(&lg)
-		if l.State() != StateHeld {
+		// RENEWING here is this renewal's own attempt that lost a conflict.
+		if s := l.State(); s != StateHeld && s != StateRenewing {
 			return
 		}
 		lg.Spec.Renewals++
 		l.mu.Lock()
 		l.pending = lg.Spec.Renewals
 		l.mu.Unlock()
-		l.setState(StateRenewing, nil)
+		l.apply(learned{kind: renewalSent})
 		err := l.c.kube.Update(rctx, &lg)
 		switch {
 		case err == nil:
@@ -365,30 +353,25 @@ func (l *Lock) renew(ctx context.Context) {
 			continue
 		default:
 			// Lost response, timeout or refusal: we cannot know where we stand.
-			l.setState(StateOwnershipUnknown, nil)
+			l.apply(learned{kind: noAnswer})
 			return
 		}
 	}
+	l.apply(learned{kind: noAnswer}) // three conflicts in a row: no confirmed renewal
 }
 
-// Release gives the resource up and waits until the issuer confirms it.
+// maxReleaseConflicts bounds Release's retries: each conflict is a renewal
+// or an issuer status write landing in between, never a livelock.
+const maxReleaseConflicts = 10
+
+// Release gives the resource up and waits until the issuer confirms it. Unlike
+// Orphan it tells the issuer, so the next waiter is served at once.
 func (l *Lock) Release(ctx context.Context) error {
 	if l.ended() {
 		return l.Err()
 	}
-	for {
-		var lg locksv1.LockGrant
-		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
-			return err
-		}
-		lg.Spec.Release = true
-		err := l.c.kube.Update(ctx, &lg)
-		if err == nil {
-			break
-		}
-		if !apierrors.IsConflict(err) {
-			return fmt.Errorf("release %s: %w", l.key.Name, err)
-		}
+	if err := l.requestRelease(ctx); err != nil {
+		return err
 	}
 	select {
 	case <-l.done:
@@ -399,6 +382,25 @@ func (l *Lock) Release(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// requestRelease sets spec.release, re-reading on a conflict.
+func (l *Lock) requestRelease(ctx context.Context) error {
+	for attempt := 0; attempt < maxReleaseConflicts; attempt++ {
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+			return fmt.Errorf("release %s: %w", l.key.Name, err)
+		}
+		lg.Spec.Release = true
+		err := l.c.kube.Update(ctx, &lg)
+		if err == nil || !apierrors.IsConflict(err) {
+			if err != nil {
+				return fmt.Errorf("release %s: %w", l.key.Name, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("release %s: %d conflicting writes in a row; try again", l.key.Name, maxReleaseConflicts)
 }
 
 // Done is closed when the lock ended (expired, revoked or released).
@@ -425,7 +427,7 @@ func (l *Lock) Guard() error {
 	defer l.mu.Unlock()
 	switch l.state {
 	case StateHeld, StateRenewing:
-		if l.closed && !l.opts.Unguarded {
+		if l.orphaned && !l.opts.Unguarded {
 			return ErrOwnershipUnknown
 		}
 		return nil
@@ -454,15 +456,17 @@ func (l *Lock) Fence() int64 {
 func (l *Lock) Name() string     { return l.key.Name }
 func (l *Lock) Resource() string { return l.resource }
 
-// Close stops renewing and following the grant without releasing it (the
-// lease then expires on its own). From then on the lock cannot tell whether
-// it is still held, so Guard answers ErrOwnershipUnknown.
-func (l *Lock) Close() {
+// Orphan stops renewing and following the grant without releasing it (as
+// etcd's Session.Orphan): the lease then expires on the issuer's clock, or
+// another process of the same owner Attaches to it. From then on this lock
+// cannot tell whether it is still held, so Guard answers ErrOwnershipUnknown.
+// To give the resource up, call Release.
+func (l *Lock) Orphan() {
 	if l.cancel != nil {
 		l.cancel()
 	}
 	l.mu.Lock()
-	l.closed = true
+	l.orphaned = true
 	l.mu.Unlock()
 }
 
@@ -475,16 +479,16 @@ func (l *Lock) ended() bool {
 	}
 }
 
-// setState moves the state machine; EXPIRED and RELEASED are final.
-func (l *Lock) setState(s State, cause error) {
+// apply moves the state machine (next) on what the lock learned.
+func (l *Lock) apply(what learned) {
 	l.mu.Lock()
-	if l.state == s || l.state == StateExpired || l.state == StateReleased {
+	s, cause := next(l.state, what)
+	if s == l.state {
 		l.mu.Unlock()
 		return
 	}
 	l.state = s
-	final := s == StateExpired || s == StateReleased
-	if final {
+	if final(s) {
 		l.err = cause
 		close(l.done)
 	}

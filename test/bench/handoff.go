@@ -532,7 +532,7 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 	if err != nil {
 		return err
 	}
-	holder.Close() // no renewals: the lease runs out on the issuer's clock
+	holder.Orphan() // no renewals: the lease runs out on the issuer's clock
 	for i := 0; i < rounds; i++ {
 		next := ws[(i+1)%2]
 		reqID := lockclient.NewRequestID()
@@ -550,7 +550,7 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 		if r.err != nil {
 			return r.err
 		}
-		r.lock.Close()
+		r.lock.Orphan()
 		var old locksv1.LockGrant
 		if err := kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder.Name()}, &old); err != nil {
 			return err

@@ -218,7 +218,7 @@ var _ = Describe("the registry decides what is protected", func() {
 		defer cancel()
 		l, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "job-1"})
 		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(l.Close)
+		DeferCleanup(l.Orphan)
 		cm := configMapNamed(fresh, "batch")
 		r, err := l.Operation("job").Commit(suiteCtx, cm, setData(cm, "v1"))
 		Expect(err).NotTo(HaveOccurred())

@@ -32,7 +32,7 @@ var _ = Describe("DELETE of a protected object", func() {
 		defer cancel()
 		l, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: requestID})
 		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(l.Close)
+		DeferCleanup(l.Orphan)
 		return l
 	}
 

@@ -136,7 +136,7 @@ var _ = Describe("the worker client", func() {
 		l, err := c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: requestID, RenewInterval: 150 * time.Millisecond,
 			RequestTimeout: 100 * time.Millisecond, OnStateChange: log.record})
 		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(l.Close)
+		DeferCleanup(l.Orphan)
 		return l
 	}
 
@@ -283,7 +283,7 @@ var _ = Describe("the worker client", func() {
 			_, err := l.Operation("op").Commit(suiteCtx, cm, setData(cm, fmt.Sprintf("part %d", i)))
 			Expect(err).NotTo(HaveOccurred())
 		}
-		l.Close() // the worker crashes; its grant is still held on the server
+		l.Orphan() // the worker crashes; its grant is still held on the server
 		c2, _ := faultyWorker(ns, "worker-a")
 		l2 := acquire(c2, "batch", "job-1", &stateLog{})
 		Expect(l2.Fence()).To(Equal(l.Fence()), "the same request finds the same grant")

@@ -82,7 +82,7 @@ func (tr *traffic) iteration(ctx context.Context, c *lockclient.Client, kube cli
 		sleepCtx(ctx, 200*time.Millisecond)
 		return ""
 	}
-	defer lock.Close()
+	defer lock.Orphan()
 	tr.mu.Lock()
 	tr.fences[res] = append(tr.fences[res], fenceAt{lock.Fence(), time.Now()})
 	tr.mu.Unlock()
@@ -146,7 +146,7 @@ func (tr *traffic) staleWrite(ctx context.Context, c *lockclient.Client, res, pr
 	if err != nil {
 		return
 	}
-	defer stale.Close()
+	defer stale.Orphan()
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tr.ns, Name: res}}
 	_, err = stale.Operation(fmt.Sprintf("stale-%d", iter)).Commit(ctx, cm, func() error {
 		cm.Data["stale-"+fmt.Sprint(iter)] = "must not be written"
