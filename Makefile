@@ -82,7 +82,7 @@ docker-build: ## Build the manager image.
 	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMG) .
 
 # The roles the chart takes from config/rbac as they are (it writes its own bindings).
-CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml
+CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml protected_kinds_role.yaml
 
 # render-install prints config/default with the manager image set to IMG. It
 # works on a copy of config/: nothing tracked is edited.

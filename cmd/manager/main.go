@@ -40,6 +40,8 @@ func main() {
 	flag.DurationVar(&o.CertSyncInterval, "webhook-cert-sync-interval", time.Minute, "With --self-signed-certs: how often each replica re-reads the Secret (reloads a renewed certificate, renews a due one).")
 	flag.StringVar(&webhookHosts, "webhook-hosts", "localhost,127.0.0.1", "With --self-signed-certs: comma-separated host names and IPs of the serving certificate.")
 	flag.StringVar(&o.WebhookConfiguration, "webhook-configuration", locksv1.WebhookConfigurationName, "With --self-signed-certs: the ValidatingWebhookConfiguration whose caBundle is patched.")
+	var protectedKinds string
+	flag.StringVar(&protectedKinds, "protected-kinds", "", "Comma-separated kinds the protected-object webhook checks besides ConfigMaps, as <resource>.<group>/<version> (<resource>/<version> for the core group), e.g. widgets.example.com/v1. The operator keeps the webhook rules in step; the installer grants it get on each (docs/protecting-objects.md).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -61,6 +63,10 @@ func main() {
 		setup.Info("Go memory limit set", "bytes", heap, "containerLimit", memoryLimit, "ratio", memoryLimitRatio)
 	}
 	o.WebhookHosts = strings.Split(webhookHosts, ",")
+	if o.ProtectedKinds, err = operator.ParseProtectedKinds(protectedKinds); err != nil {
+		setup.Error(err, "invalid --protected-kinds")
+		os.Exit(2)
+	}
 
 	if err := operator.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), o); err != nil {
 		setup.Error(err, "operator stopped with an error")

@@ -134,12 +134,18 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 		return auditReport{}, fmt.Errorf("read the webhook configurations (an auditor needs list on validatingwebhookconfigurations): %w", err)
 	}
 	var hooks []admissionregistrationv1.ValidatingWebhook
+	var declared map[string]bool // nil: no operator has recorded its declared kinds
 	for _, c := range cfgs.Items {
+		protects := false
 		for _, w := range c.Webhooks {
 			if w.ClientConfig.Service != nil && w.ClientConfig.Service.Path != nil && *w.ClientConfig.Service.Path == webhooks.ProtectedPath ||
 				w.ClientConfig.URL != nil && strings.HasSuffix(*w.ClientConfig.URL, webhooks.ProtectedPath) {
 				hooks = append(hooks, w)
+				protects = true
 			}
+		}
+		if list, ok := c.Annotations[protectedKindsAnnotation]; ok && protects {
+			declared = declaredKinds(declared, list)
 		}
 	}
 	// The kinds to look at: ConfigMaps, FencedResource targets, webhook rules.
@@ -165,7 +171,7 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 			}
 		}
 	}
-	a := &auditor{kube: kube, hooks: hooks, nsLabels: map[string]map[string]string{}, frs: map[client.ObjectKey]*locksv1.FencedResource{}, requireEnforce: requireEnforce}
+	a := &auditor{kube: kube, hooks: hooks, declared: declared, nsLabels: map[string]map[string]string{}, frs: map[client.ObjectKey]*locksv1.FencedResource{}, requireEnforce: requireEnforce}
 	for i := range frs.Items {
 		a.frs[client.ObjectKeyFromObject(&frs.Items[i])] = &frs.Items[i]
 	}
@@ -216,6 +222,7 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 type auditor struct {
 	kube           client.Client
 	hooks          []admissionregistrationv1.ValidatingWebhook
+	declared       map[string]bool
 	frs            map[client.ObjectKey]*locksv1.FencedResource
 	nsLabels       map[string]map[string]string
 	requireEnforce bool
@@ -287,6 +294,9 @@ func (a *auditor) covers(ctx context.Context, gvk schema.GroupVersionKind, ns st
 		return false, []string{fmt.Sprintf("cannot read namespace %s: %v", ns, err)}
 	}
 	var gaps []string
+	if g := a.undeclared(res); g != "" {
+		gaps = append(gaps, g)
+	}
 	for _, w := range a.hooks {
 		if !ruleCovers(w.Rules, res) || !selects(w.ObjectSelector, objLabels) || !selects(w.NamespaceSelector, nsLabels) {
 			continue
@@ -300,8 +310,46 @@ func (a *auditor) covers(ctx context.Context, gvk schema.GroupVersionKind, ns st
 		}
 		return true, gaps
 	}
-	return false, []string{fmt.Sprintf("the acceptance webhook does not cover %s here (fix: add %s to the rules of vprotected.fencekeeper.dev, docs/protecting-objects.md)",
-		res.GroupResource(), res.GroupResource())}
+	return false, append(gaps, fmt.Sprintf("the acceptance webhook does not cover %s here (fix: declare it, --protected-kinds=%s or the chart value protectedKinds; docs/protecting-objects.md)",
+		res.GroupResource(), protectedKindFlag(res)))
+}
+
+// protectedKindsAnnotation is operator.ProtectedKindsAnnotation: the
+// operator records its declared kinds on the webhook configuration (the
+// envtest spec of declared kinds reads it through this audit).
+const protectedKindsAnnotation = "fencekeeper.dev/protected-kinds"
+
+// declaredKinds adds the kinds of an annotation value to set.
+func declaredKinds(set map[string]bool, list string) map[string]bool {
+	if set == nil {
+		set = map[string]bool{}
+	}
+	for _, k := range strings.Split(list, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			set[k] = true
+		}
+	}
+	return set
+}
+
+// protectedKindFlag is the --protected-kinds form of res.
+func protectedKindFlag(res schema.GroupVersionResource) string {
+	if res.Group == "" {
+		return res.Resource + "/" + res.Version
+	}
+	return res.Resource + "." + res.Group + "/" + res.Version
+}
+
+// undeclared names the gap of a kind the operator was not told to protect
+// (ConfigMaps always are), or "" when it is declared or no operator has
+// recorded its list. Rules for an undeclared kind do not last: the operator
+// removes them, and it has no read access for the kind.
+func (a *auditor) undeclared(res schema.GroupVersionResource) string {
+	if a.declared == nil || res.Group == "" && res.Resource == "configmaps" || a.declared[protectedKindFlag(res)] {
+		return ""
+	}
+	return fmt.Sprintf("%s is not a declared protected kind (fix: add it to the manager's --protected-kinds, or the chart value protectedKinds, and grant the operator get on it; docs/protecting-objects.md)",
+		protectedKindFlag(res))
 }
 
 func (a *auditor) namespaceLabels(ctx context.Context, ns string) (map[string]string, error) {

@@ -44,6 +44,10 @@ func (cp *ControlPlane) RunOperator(ctx context.Context, o operator.Options) (*O
 	o.WebhookHost, o.WebhookPort, o.CertDir = "127.0.0.1", port, certDir
 	o.SelfSignedCerts, o.WebhookHosts, o.WebhookConfiguration = true, []string{"127.0.0.1", "localhost"}, locksv1.WebhookConfigurationName
 	o.LeaderElect = true
+	if o.ProtectedKinds == nil {
+		// The kinds this control plane's webhook configuration was installed with.
+		o.ProtectedKinds = cp.opts.ProtectedKinds
+	}
 	if o.MetricsAddr == "" {
 		o.MetricsAddr = "0"
 	}

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -40,6 +41,12 @@ const (
 	ReasonWebhookConfigurationDrift = "WebhookConfigurationDrift"
 	// ReasonTrustAnchorPolicyDrift is the Event reason of a restored trust-anchor policy or binding.
 	ReasonTrustAnchorPolicyDrift = "TrustAnchorPolicyDrift"
+	// ReasonProtectedKindUnreadable is the Event reason of a declared kind the operator cannot read.
+	ReasonProtectedKindUnreadable = "ProtectedKindUnreadable"
+	// AggregateToManagerLabel marks a ClusterRole whose rules the API server
+	// aggregates into the operator's protected-kinds role
+	// (config/rbac/protected_kinds_role.yaml): the installer's per-kind read access.
+	AggregateToManagerLabel = "fencekeeper.dev/aggregate-to-manager"
 	// guardResync re-checks everything now and then, in case a watch event was missed.
 	guardResync = 5 * time.Minute
 )
@@ -72,6 +79,10 @@ type GuardOptions struct {
 	// the guard takes them from the API server the first time it runs as
 	// leader: the configuration this operator was started with.
 	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
+	// ProtectedKinds are the declared protected kinds (--protected-kinds):
+	// the protected entries' rules are the built-in ConfigMaps rules plus one
+	// rule per kind, and nothing else.
+	ProtectedKinds []schema.GroupVersionResource
 }
 
 // AdmissionGuard keeps the admission machinery that protects fencekeeper as
@@ -255,10 +266,20 @@ func (g *AdmissionGuard) restoreWebhooks(ctx context.Context) error {
 		return err
 	}
 	restored, drift := WebhookDrift(desired, cfg.Webhooks, g.opts.CABundle != nil)
+	declared := FormatProtectedKinds(g.opts.ProtectedKinds)
+	if v, ok := cfg.Annotations[ProtectedKindsAnnotation]; !ok || v != declared {
+		if cfg.Annotations == nil {
+			cfg.Annotations = map[string]string{}
+		}
+		cfg.Annotations[ProtectedKindsAnnotation] = declared
+		drift = append(drift, "annotation "+ProtectedKindsAnnotation)
+	}
 	if drift == nil {
 		return nil
 	}
-	cfg.Webhooks = restored
+	if restored != nil {
+		cfg.Webhooks = restored
+	}
 	if err := g.client.Update(ctx, &cfg); err != nil { // resourceVersion precondition: a conflict retries
 		return fmt.Errorf("restore ValidatingWebhookConfiguration %s (%s): %w", cfg.Name, strings.Join(drift, ", "), err)
 	}
@@ -283,8 +304,9 @@ func (g *AdmissionGuard) desiredWebhooks(ctx context.Context, live *admissionreg
 		if len(hooks) == 0 {
 			return nil, fmt.Errorf("webhook configuration %s has no webhooks to keep", g.opts.WebhookConfiguration)
 		}
-		ctrl.LoggerFrom(ctx).Info("keeping the webhook configuration as installed", "name", g.opts.WebhookConfiguration, "webhooks", len(hooks))
-		g.desired = hooks
+		ctrl.LoggerFrom(ctx).Info("keeping the webhook configuration as installed", "name", g.opts.WebhookConfiguration, "webhooks", len(hooks),
+			"protectedKinds", FormatProtectedKinds(g.opts.ProtectedKinds))
+		g.desired = WithProtectedKinds(hooks, g.opts.ProtectedKinds)
 	}
 	out := make([]admissionregistrationv1.ValidatingWebhook, len(g.desired))
 	for i := range g.desired {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -64,6 +65,8 @@ type Options struct {
 	// DesiredWebhooks, if set, returns WebhookConfiguration's webhooks as
 	// installed; otherwise the leader keeps them as it first finds them.
 	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
+	// ProtectedKinds are the declared protected kinds (--protected-kinds).
+	ProtectedKinds []schema.GroupVersionResource
 }
 
 // Run runs the operator against cfg until ctx ends.
@@ -124,7 +127,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		o.WebhookConfiguration = locksv1.WebhookConfigurationName
 	}
 	if err := SetupAdmissionGuard(mgr, GuardOptions{
-		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks,
+		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,
 	}); err != nil {
 		return fmt.Errorf("admission guard: %w", err)
 	}

@@ -79,7 +79,7 @@ func TestWebhookDrift(t *testing.T) {
 		{name: "a rule deleted", mutate: func(h []admissionregistrationv1.ValidatingWebhook) []admissionregistrationv1.ValidatingWebhook {
 			h[1].Rules = h[1].Rules[1:]
 			return h
-		}, want: []string{"vprotected.fencekeeper.dev: rules"}},
+		}, want: []string{"vprotected.fencekeeper.dev: rules (restored configmaps/v1)"}},
 		{name: "matchCondition false", mutate: func(h []admissionregistrationv1.ValidatingWebhook) []admissionregistrationv1.ValidatingWebhook {
 			h[0].MatchConditions = []admissionregistrationv1.MatchCondition{{Name: "off", Expression: "false"}}
 			return h

@@ -233,7 +233,7 @@ func startGuard() func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(fkoperator.SetupAdmissionGuard(mgr, fkoperator.GuardOptions{
-		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName,
+		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName, ProtectedKinds: suiteKinds,
 	})).To(Succeed())
 	ctx, cancel := context.WithCancel(suiteCtx)
 	var done sync.WaitGroup

@@ -20,7 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -75,12 +74,9 @@ var _ = BeforeSuite(func() {
 	root, err := localcp.RepoRoot()
 	Expect(err).NotTo(HaveOccurred())
 	cp, err = localcp.Start(suiteCtx, localcp.Options{
-		Root:    root,
-		CRDDirs: []string{filepath.Join(root, "test", "envtest", "testdata")},
-		ProtectedKinds: []schema.GroupVersionResource{
-			{Group: "billing.example.com", Version: "v1", Resource: "invoicebatches"},
-			{Group: "billing.example.com", Version: "v1", Resource: "invoiceshards"},
-		},
+		Root:            root,
+		CRDDirs:         []string{filepath.Join(root, "test", "envtest", "testdata")},
+		ProtectedKinds:  suiteKinds,
 		EnvtestWebhooks: true,
 	})
 	Expect(err).NotTo(HaveOccurred())

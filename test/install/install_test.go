@@ -7,6 +7,7 @@ package install
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,12 +155,17 @@ func TestChartValues(t *testing.T) {
 		if protected != 2 {
 			t.Errorf("found %d protected webhook entries, want 2 (%s, %s)", protected, localcp.ProtectedWebhook, localcp.EnrolledWebhook)
 		}
-		role := find(t, objs, "ClusterRole /fencekeeper-protected-kinds-reader")
-		rule := role["rules"].([]any)[0].(map[string]any)
-		if toStrings(rule["resources"])[0] != "deployments" || strings.Join(toStrings(rule["verbs"]), ",") != "get" {
-			t.Errorf("protected-kinds reader rule %v, want get on apps/deployments", rule)
+		role := find(t, objs, "ClusterRole /fencekeeper-protected-kind-deployments.apps")
+		if l := role["metadata"].(map[string]any)["labels"].(map[string]any); l["fencekeeper.dev/aggregate-to-manager"] != "true" {
+			t.Errorf("per-kind role labels %v lack the aggregation label", l)
 		}
-		find(t, objs, "ClusterRoleBinding /fencekeeper-protected-kinds-reader")
+		rule := role["rules"].([]any)[0].(map[string]any)
+		if toStrings(rule["resources"])[0] != "deployments" || strings.Join(toStrings(rule["verbs"]), ",") != "get,list,watch" {
+			t.Errorf("per-kind reader rule %v, want get, list, watch on apps/deployments", rule)
+		}
+		if _, c := managerSpec(t, objs); !strings.Contains(fmt.Sprint(c["args"]), "--protected-kinds=deployments.apps/v1") {
+			t.Errorf("manager args %v lack --protected-kinds=deployments.apps/v1", c["args"])
+		}
 		if _, err := tryRenderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].resource=deployments"); err == nil || !strings.Contains(err.Error(), "version and resource") {
 			t.Errorf("a protected kind without a version rendered (err %v); want a refusal", err)
 		}

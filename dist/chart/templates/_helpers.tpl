@@ -35,3 +35,12 @@ control-plane: controller-manager
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The --protected-kinds value: <resource>.<group>/<version>, comma-separated. */ -}}
+{{- define "fencekeeper.protectedKindsFlag" -}}
+{{- $out := list -}}
+{{- range .Values.protectedKinds -}}
+{{- $out = append $out (printf "%s%s/%s" .resource (ternary (printf ".%s" .group) "" (ne .group "")) .version) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
