@@ -1,0 +1,90 @@
+// Package examples runs pkg/lockclient's examples, exactly as written there,
+// against the embedded control plane with the operator: the public library's
+// own tests never start a server, and its examples are still proven to work.
+package examples
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/operator"
+)
+
+func TestLockclientExamples(t *testing.T) {
+	ctrl.SetLogger(logr.Discard())
+	ctx := context.Background()
+	cp, err := localcp.Start(ctx, localcp.Options{})
+	if err != nil {
+		t.Fatalf("the examples need the embedded control plane: %v", err)
+	}
+	t.Cleanup(func() { _ = cp.Stop() })
+	op, err := cp.RunOperator(ctx, operator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = op.Stop() })
+	kubeconfig := setUp(ctx, t, cp)
+
+	root, err := localcp.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-v", "-run", "^Example", "./pkg/lockclient")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "FENCEKEEPER_EXAMPLES_KUBECONFIG="+kubeconfig)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("the examples failed: %v", err)
+	}
+	// Every example ran and passed (a skipped or filtered one would not print PASS).
+	passed := regexp.MustCompile(`(?m)^--- PASS: Example`).FindAll(out, -1)
+	if want := 4; len(passed) != want {
+		t.Fatalf("%d examples passed, want %d", len(passed), want)
+	}
+}
+
+// setUp creates what the examples claim (namespace billing, its
+// FencedResources) and a worker, and returns the worker's kubeconfig.
+func setUp(ctx context.Context, t *testing.T, cp *localcp.ControlPlane) string {
+	admin, err := cp.AdminClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "billing"}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, lease := range map[string]int32{"invoice-batch": 30, "report": 30, "short-lease": 1, "retired": 30} {
+		fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: name}, Spec: locksv1.FencedResourceSpec{
+			ResourceID: "billing/" + name, LeaseDurationSeconds: lease, Enforcement: locksv1.EnforcementEnforce,
+			Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: name},
+		}}
+		if err := admin.Create(ctx, fr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	worker, err := cp.AddUser("system:serviceaccount:billing:worker-7", localcp.WorkersGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := worker.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "worker.kubeconfig")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
