@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -54,30 +55,51 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 	if err := v.Reader.List(ctx, &others, client.InNamespace(fr.Namespace)); err != nil {
 		return nil, fmt.Errorf("list FencedResources in %s: %w", fr.Namespace, err)
 	}
-	for _, o := range others.Items {
-		if o.Name != fr.Name && o.Spec.Target != nil && *o.Spec.Target == *fr.Spec.Target {
-			return nil, fmt.Errorf("spec.target: %s %s is already protected by FencedResource %s; one object has one registry entry",
-				fr.Spec.Target.Kind, fr.Spec.Target.Name, o.Name)
-		}
+	if errs := validateUniqueTarget(fr, others.Items); len(errs) > 0 {
+		return nil, invalidFencedResource(fr, errs)
 	}
 	target, err := v.target(ctx, fr)
 	if target == nil || err != nil {
 		return nil, err
 	}
-	e, err := fence.ParseEnvelope(target.GetAnnotations()[fence.AnnotationFence])
-	if err != nil || e.Grant.Resource != fr.Spec.ResourceID {
-		return nil, nil // no fence state of this resource: the webhook will not count it either
+	return nil, invalidFencedResource(fr, validateFloorAboveTarget(fr, target.GetAnnotations()[fence.AnnotationFence]))
+}
+
+// validateUniqueTarget: one object has one registry entry.
+func validateUniqueTarget(fr *locksv1.FencedResource, others []locksv1.FencedResource) field.ErrorList {
+	for _, o := range others {
+		if o.Name != fr.Name && o.Spec.Target != nil && *o.Spec.Target == *fr.Spec.Target {
+			return field.ErrorList{field.Invalid(field.NewPath("spec", "target"), *fr.Spec.Target,
+				fmt.Sprintf("%s %s is already protected by FencedResource %s; one object has one registry entry", fr.Spec.Target.Kind, fr.Spec.Target.Name, o.Name))}
+		}
 	}
-	if f := e.Grant.FenceToken; f > fr.Spec.FenceFloor {
-		return nil, fmt.Errorf("target %s %s already accepted fence %d: set spec.fenceFloor to at least %d so that no fence is issued twice",
-			fr.Spec.Target.Kind, fr.Spec.Target.Name, f, f)
+	return nil
+}
+
+// validateFloorAboveTarget refuses an entry that would issue fences its target
+// already accepted (a deleted and re-created entry starts again at fence 1).
+// Fence state of another resource counts for nothing, as in the webhook.
+func validateFloorAboveTarget(fr *locksv1.FencedResource, fenceAnnotation string) field.ErrorList {
+	e, err := fence.ParseEnvelope(fenceAnnotation)
+	if err != nil || e.Grant.Resource != fr.Spec.ResourceID || e.Grant.FenceToken <= fr.Spec.FenceFloor {
+		return nil
 	}
-	return nil, nil
+	f := e.Grant.FenceToken
+	return field.ErrorList{field.Invalid(field.NewPath("spec", "fenceFloor"), fr.Spec.FenceFloor,
+		fmt.Sprintf("target %s %s already accepted fence %d: set spec.fenceFloor to at least %d so that no fence is issued twice", fr.Spec.Target.Kind, fr.Spec.Target.Name, f, f))}
+}
+
+// invalidFencedResource is the 422 answer for errs (nil when there are none).
+func invalidFencedResource(fr *locksv1.FencedResource, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(locksv1.GroupVersion.WithKind("FencedResource").GroupKind(), fr.Name, errs)
 }
 
 // ValidateUpdate denies Enforce → Shadow.
 func (v *FencedResourceValidator) ValidateUpdate(_ context.Context, oldFR, newFR *locksv1.FencedResource) (admission.Warnings, error) {
-	return nil, validateEnforcementRatchet(oldFR, newFR)
+	return nil, invalidFencedResource(newFR, validateEnforcementRatchet(oldFR, newFR))
 }
 
 // ValidateDelete denies deleting an enforced entry whose target still exists.
@@ -95,8 +117,8 @@ func (v *FencedResourceValidator) ValidateDelete(ctx context.Context, fr *locksv
 	if target, err := v.target(ctx, fr); target == nil || err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("FencedResource %s enforces fencing for %s %s, which still exists: resource-side validation is never disabled once enforced; delete the target first",
-		fr.Name, t.Kind, t.Name)
+	return nil, apierrors.NewForbidden(locksv1.GroupVersion.WithResource("fencedresources").GroupResource(), fr.Name,
+		fmt.Errorf("it enforces fencing for %s %s, which still exists: resource-side validation is never disabled once enforced; delete the target first", t.Kind, t.Name))
 }
 
 // target reads the target's metadata around the cache; nil when it does not exist.
@@ -104,7 +126,7 @@ func (v *FencedResourceValidator) target(ctx context.Context, fr *locksv1.Fenced
 	t := fr.Spec.Target
 	gv, err := schema.ParseGroupVersion(t.APIVersion)
 	if err != nil {
-		return nil, fmt.Errorf("spec.target.apiVersion %q: %w", t.APIVersion, err)
+		return nil, invalidFencedResource(fr, field.ErrorList{field.Invalid(field.NewPath("spec", "target", "apiVersion"), t.APIVersion, err.Error())})
 	}
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(gv.WithKind(t.Kind))
@@ -118,9 +140,11 @@ func (v *FencedResourceValidator) target(ctx context.Context, fr *locksv1.Fenced
 	return obj, nil
 }
 
-func validateEnforcementRatchet(oldFR, newFR *locksv1.FencedResource) error {
+// validateEnforcementRatchet: Shadow → Enforce only.
+func validateEnforcementRatchet(oldFR, newFR *locksv1.FencedResource) field.ErrorList {
 	if oldFR.Spec.Enforcement == locksv1.EnforcementEnforce && newFR.Spec.Enforcement != locksv1.EnforcementEnforce {
-		return fmt.Errorf("spec.enforcement may go from Shadow to Enforce only: resource-side validation is never disabled once enforced")
+		return field.ErrorList{field.Invalid(field.NewPath("spec", "enforcement"), newFR.Spec.Enforcement,
+			"may go from Shadow to Enforce only: resource-side validation is never disabled once enforced")}
 	}
 	return nil
 }

@@ -68,7 +68,8 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	var fr locksv1.FencedResource
 	err = v.Reader.Get(ctx, types.NamespacedName{Namespace: lg.Namespace, Name: lg.Spec.Resource}, &fr)
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("spec.resource: FencedResource %q does not exist in namespace %q; create it first", lg.Spec.Resource, lg.Namespace)
+		return nil, invalidLockGrant(lg, field.ErrorList{field.Invalid(field.NewPath("spec", "resource"), lg.Spec.Resource,
+			fmt.Sprintf("FencedResource %q does not exist in namespace %q; create it first", lg.Spec.Resource, lg.Namespace))})
 	} else if err != nil {
 		return nil, fmt.Errorf("read FencedResource %s/%s: %w", lg.Namespace, lg.Spec.Resource, err)
 	}
@@ -77,7 +78,15 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	if err := v.Reader.List(ctx, &list, client.InNamespace(lg.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: lg.Spec.Resource}); err != nil {
 		return nil, fmt.Errorf("list LockGrants in %s: %w", lg.Namespace, err)
 	}
-	return nil, validateLockGrantCreate(req.UserInfo.Username, lg, &fr, list.Items)
+	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, lg, &fr, list.Items))
+}
+
+// invalidLockGrant is the 422 answer for errs (nil when there are none).
+func invalidLockGrant(lg *locksv1.LockGrant, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(locksv1.GroupVersion.WithKind("LockGrant").GroupKind(), lg.Name, errs)
 }
 
 // ValidateUpdate lets only the owner change the LockGrant, metadata included.
@@ -182,17 +191,24 @@ func phaseOf(lg *locksv1.LockGrant) string {
 	return string(lg.Status.Phase)
 }
 
-func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.FencedResource, existing []locksv1.LockGrant) error {
+// validateLockGrantCreate checks a new request against the requesting user,
+// the FencedResource's policy and the resource's other requests.
+func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.FencedResource, existing []locksv1.LockGrant) field.ErrorList {
+	spec := field.NewPath("spec")
 	if lg.Spec.Owner != user {
-		return fmt.Errorf("spec.owner %q must equal the requesting user %q: a LockGrant can only be requested for yourself", lg.Spec.Owner, user)
+		return field.ErrorList{field.Invalid(spec.Child("owner"), lg.Spec.Owner,
+			fmt.Sprintf("must equal the requesting user %q: a LockGrant can only be requested for yourself", user))}
 	}
-	if _, msg := fr.PolicyViolation(user, lg.Spec.OperationCategory); msg != "" {
-		return fmt.Errorf("%s", msg)
+	switch reason, _ := fr.PolicyViolation(user, lg.Spec.OperationCategory); reason {
+	case locksv1.ReasonOwnerNotAllowed:
+		return field.ErrorList{field.Forbidden(spec.Child("owner"), fmt.Sprintf("%q is not in FencedResource %s spec.allowedOwners", user, fr.Name))}
+	case locksv1.ReasonCategoryDenied:
+		return field.ErrorList{field.NotSupported(spec.Child("operationCategory"), lg.Spec.OperationCategory, fr.Spec.OperationCategories)}
 	}
 	for _, other := range existing {
 		if other.Name != lg.Name && other.Spec.Resource == lg.Spec.Resource && other.Spec.RequestID == lg.Spec.RequestID {
-			return fmt.Errorf("spec.requestID %q is already used by LockGrant %s for resource %s: reuse that LockGrant instead of creating a second identity",
-				lg.Spec.RequestID, other.Name, lg.Spec.Resource)
+			return field.ErrorList{field.Invalid(spec.Child("requestID"), lg.Spec.RequestID,
+				fmt.Sprintf("already used by LockGrant %s for resource %s: reuse that LockGrant instead of creating a second identity", other.Name, lg.Spec.Resource))}
 		}
 	}
 	return nil

@@ -14,11 +14,11 @@ func TestEnforcementRatchet(t *testing.T) {
 	fr := func(m locksv1.EnforcementMode) *locksv1.FencedResource {
 		return &locksv1.FencedResource{Spec: locksv1.FencedResourceSpec{Enforcement: m}}
 	}
-	if err := validateEnforcementRatchet(fr(locksv1.EnforcementShadow), fr(locksv1.EnforcementEnforce)); err != nil {
-		t.Fatal(err)
+	if errs := validateEnforcementRatchet(fr(locksv1.EnforcementShadow), fr(locksv1.EnforcementEnforce)); len(errs) > 0 {
+		t.Fatal(errs)
 	}
-	if err := validateEnforcementRatchet(fr(locksv1.EnforcementEnforce), fr(locksv1.EnforcementShadow)); err == nil {
-		t.Fatal("Enforce -> Shadow allowed")
+	if errs := validateEnforcementRatchet(fr(locksv1.EnforcementEnforce), fr(locksv1.EnforcementShadow)); len(errs) != 1 || errs[0].Field != "spec.enforcement" {
+		t.Fatalf("Enforce -> Shadow: %v", errs)
 	}
 }
 
@@ -33,19 +33,23 @@ func TestLockGrantValidation(t *testing.T) {
 		user     string
 		lg       *locksv1.LockGrant
 		existing []locksv1.LockGrant
+		field    string // the path the error names ("" when valid)
 		want     string
 	}{
-		"ok":                {"a", lg("x", "a", "r", "settle"), nil, ""},
-		"other owner":       {"b", lg("x", "a", "r", "settle"), nil, "must equal the requesting user"},
-		"not allowed":       {"c", lg("x", "c", "r", "settle"), nil, "allowedOwners"},
-		"category":          {"a", lg("x", "a", "r", "refund"), nil, "operationCategories"},
-		"duplicate":         {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("y", "a", "r", "settle")}, "already used by LockGrant y"},
-		"same object again": {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("x", "a", "r", "settle")}, ""},
+		"ok":                {"a", lg("x", "a", "r", "settle"), nil, "", ""},
+		"other owner":       {"b", lg("x", "a", "r", "settle"), nil, "spec.owner", "must equal the requesting user"},
+		"not allowed":       {"c", lg("x", "c", "r", "settle"), nil, "spec.owner", "allowedOwners"},
+		"category":          {"a", lg("x", "a", "r", "refund"), nil, "spec.operationCategory", `supported values: "settle"`},
+		"duplicate":         {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("y", "a", "r", "settle")}, "spec.requestID", "already used by LockGrant y"},
+		"same object again": {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("x", "a", "r", "settle")}, "", ""},
 	}
 	for name, c := range cases {
-		err := validateLockGrantCreate(c.user, c.lg, fr, c.existing)
-		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
-			t.Errorf("%s: got %v, want %q", name, err, c.want)
+		errs := validateLockGrantCreate(c.user, c.lg, fr, c.existing)
+		switch {
+		case c.field == "" && len(errs) > 0:
+			t.Errorf("%s: %v", name, errs)
+		case c.field != "" && (len(errs) != 1 || errs[0].Field != c.field || !strings.Contains(errs[0].Error(), c.want)):
+			t.Errorf("%s: got %v, want %s: …%s…", name, errs, c.field, c.want)
 		}
 	}
 }

@@ -173,6 +173,23 @@ func denied(code fence.Verdict) OmegaMatcher {
 		}, Equal(string(code))))
 }
 
+// invalidAt matches a 422 from a registry validator whose field error is at
+// path and says text: what kubectl shows, and what a client can act on.
+func invalidAt(path, text string) OmegaMatcher {
+	return And(WithTransform(apierrors.IsInvalid, BeTrue()), MatchError(ContainSubstring(text)),
+		WithTransform(func(err error) []string {
+			var api apierrors.APIStatus
+			if !errors.As(err, &api) || api.Status().Details == nil {
+				return nil
+			}
+			var fields []string
+			for _, c := range api.Status().Details.Causes {
+				fields = append(fields, c.Field)
+			}
+			return fields
+		}, ContainElement(path)))
+}
+
 // deniedWith runs a write that must be denied with code, and checks that
 // nothing about the stored object changed.
 func (t target) deniedWith(code fence.Verdict, write func() error) {
@@ -363,7 +380,7 @@ var _ = Describe("the acceptance webhook", func() {
 		dup.Namespace, dup.Name = ns, "batch-twin"
 		dup.Spec = locksv1.FencedResourceSpec{ResourceID: "x", LeaseDurationSeconds: 10,
 			Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: "batch"}, FenceFloor: 5}
-		Expect(admin.Create(suiteCtx, dup)).To(MatchError(ContainSubstring("already protected by FencedResource batch")))
+		Expect(admin.Create(suiteCtx, dup)).To(invalidAt("spec.target", "already protected by FencedResource batch"))
 	})
 
 	It("ratchets Enforce: no way back to Shadow, no deleting the entry while its target exists", func() {
@@ -374,10 +391,10 @@ var _ = Describe("the acceptance webhook", func() {
 		})).To(Succeed())
 		Expect(update(admin, &locksv1.FencedResource{ObjectMeta: getFR(ns, "batch").ObjectMeta}, func(fr *locksv1.FencedResource) {
 			fr.Spec.Enforcement = locksv1.EnforcementShadow
-		})).To(MatchError(ContainSubstring("Shadow to Enforce only")))
+		})).To(invalidAt("spec.enforcement", "Shadow to Enforce only"))
 		a := held(ns, "batch", "worker-a", "a")
 		Expect(t.write(a, 1, "v1")).To(Succeed())
-		Expect(admin.Delete(suiteCtx, getFR(ns, "batch"))).To(MatchError(ContainSubstring("which still exists")))
+		Expect(admin.Delete(suiteCtx, getFR(ns, "batch"))).To(And(WithTransform(apierrors.IsForbidden, BeTrue()), MatchError(ContainSubstring("which still exists"))))
 		// Re-creating a registry entry must start above the fences the target accepted.
 		t2 := newTarget(kind, ns, "twin", locksv1.EnforcementShadow)
 		b := held(ns, "twin", "worker-b", "b")
@@ -387,7 +404,7 @@ var _ = Describe("the acceptance webhook", func() {
 		again.Namespace, again.Name = ns, "twin"
 		again.Spec = locksv1.FencedResourceSpec{ResourceID: "test/" + ns + "/twin", LeaseDurationSeconds: 10,
 			Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: "twin"}}
-		Expect(admin.Create(suiteCtx, again)).To(MatchError(ContainSubstring("already accepted fence 1: set spec.fenceFloor to at least 1")))
+		Expect(admin.Create(suiteCtx, again)).To(invalidAt("spec.fenceFloor", "already accepted fence 1: set spec.fenceFloor to at least 1"))
 		again.Spec.FenceFloor = 1
 		Expect(admin.Create(suiteCtx, again)).To(Succeed())
 	})

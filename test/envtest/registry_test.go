@@ -176,7 +176,7 @@ var _ = Describe("the lock registry", func() {
 		// A second identity for the same requestID is refused.
 		other := newGrant(ns, "batch", "worker-a", "idem-1")
 		other.Name = "batch-idem-1-second"
-		Expect(lossy.Create(suiteCtx, other)).To(MatchError(ContainSubstring(`spec.requestID "idem-1" is already used by LockGrant batch-idem-1`)))
+		Expect(lossy.Create(suiteCtx, other)).To(invalidAt("spec.requestID", `already used by LockGrant batch-idem-1`))
 		var list locksv1.LockGrantList
 		Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
 		Expect(list.Items).To(HaveLen(1))
@@ -247,16 +247,15 @@ var _ = Describe("the lock registry", func() {
 		})
 		wrongOwner := newGrant(ns, "batch", "worker-b", "x")
 		wrongOwner.Spec.OperationCategory = "settlement"
-		Expect(workers["worker-a"].Create(suiteCtx, wrongOwner)).To(MatchError(
-			ContainSubstring(`spec.owner "worker-b" must equal the requesting user "worker-a"`)))
+		Expect(workers["worker-a"].Create(suiteCtx, wrongOwner)).To(invalidAt("spec.owner", `must equal the requesting user "worker-a"`))
 		notAllowed := newGrant(ns, "batch", "worker-c", "x")
 		notAllowed.Spec.OperationCategory = "settlement"
-		Expect(workers["worker-c"].Create(suiteCtx, notAllowed)).To(MatchError(ContainSubstring("is not in FencedResource batch spec.allowedOwners")))
+		Expect(workers["worker-c"].Create(suiteCtx, notAllowed)).To(invalidAt("spec.owner", "is not in FencedResource batch spec.allowedOwners"))
 		badCategory := newGrant(ns, "batch", "worker-a", "x")
 		badCategory.Spec.OperationCategory = "refund"
-		Expect(workers["worker-a"].Create(suiteCtx, badCategory)).To(MatchError(ContainSubstring(`spec.operationCategory "refund" is not one of`)))
+		Expect(workers["worker-a"].Create(suiteCtx, badCategory)).To(invalidAt("spec.operationCategory", `Unsupported value: "refund": supported values: "settlement"`))
 		noResource := newGrant(ns, "missing", "worker-a", "x")
-		Expect(workers["worker-a"].Create(suiteCtx, noResource)).To(MatchError(ContainSubstring(`FencedResource "missing" does not exist`)))
+		Expect(workers["worker-a"].Create(suiteCtx, noResource)).To(invalidAt("spec.resource", `FencedResource "missing" does not exist`))
 		badRoot := newGrant(ns, "batch", "worker-a", "x")
 		badRoot.Spec.OperationRoot = "md5:abc"
 		Expect(workers["worker-a"].Create(suiteCtx, badRoot)).To(MatchError(ContainSubstring("spec.operationRoot")))
