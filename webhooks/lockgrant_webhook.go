@@ -1,6 +1,3 @@
-// Package webhooks holds fencekeeper's validating admission webhooks. Each
-// webhook is a thin handler that gathers its inputs (the requesting user, the
-// registry entry) and calls a pure validate function.
 package webhooks
 
 import (
