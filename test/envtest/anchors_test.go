@@ -15,6 +15,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -65,7 +66,7 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 		revoked0 = anchorConfigMap(locksv1.TrustBundleConfigMap).Data[grant.RevokedBelowEpochKey]
 		installed = webhookConfiguration()
 
-		stopGuard = startGuard()
+		stopGuard = startGuard(suiteKinds)
 		// The API server compiles a new policy asynchronously.
 		Eventually(func() error {
 			return setAnchorData(nsAdmin, locksv1.TrustBundleConfigMap, grant.RevokedBelowEpochKey, revoked0, client.DryRunAll)
@@ -223,9 +224,10 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 	})
 })
 
-// startGuard runs the operator's admission guard as the operator user, the
-// way operator.Run registers it, and returns a function that stops it.
-func startGuard() func() {
+// startGuard runs the operator's admission guard as the operator user with
+// the declared kinds, the way operator.Run registers it (--protected-kinds),
+// and returns a function that stops it.
+func startGuard(kinds []schema.GroupVersionResource) func() {
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:  scheme,
 		Cache:   controllers.CacheOptions(opNamespace),
@@ -233,7 +235,7 @@ func startGuard() func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(fkoperator.SetupAdmissionGuard(mgr, fkoperator.GuardOptions{
-		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName, ProtectedKinds: suiteKinds,
+		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName, ProtectedKinds: kinds,
 	})).To(Succeed())
 	ctx, cancel := context.WithCancel(suiteCtx)
 	var done sync.WaitGroup

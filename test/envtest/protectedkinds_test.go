@@ -1,10 +1,8 @@
 package envtest
 
 import (
-	"context"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -16,12 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	fkoperator "github.com/fencekeeper/fencekeeper/internal/operator"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
@@ -144,7 +139,7 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		// Not declared yet: the webhook never sees a widget write.
 		Expect(workers["worker-b"].Create(suiteCtx, t.unfenced("planted", nil, nil), client.DryRunAll)).To(Succeed())
 
-		stopGuard = startKindsGuard(declared)
+		stopGuard = startGuard(declared)
 		Eventually(func() error {
 			return workers["worker-b"].Create(suiteCtx, t.unfenced("planted", nil, nil), client.DryRunAll)
 		}).Should(denied(fence.FenceRequired))
@@ -241,29 +236,6 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		Expect(gaps).To(HaveKeyWithValue("Widget/w", BeEmpty()))
 	})
 })
-
-// startKindsGuard runs the admission guard as the operator user with the
-// declared kinds, as operator.Run does with --protected-kinds.
-func startKindsGuard(kinds []schema.GroupVersionResource) func() {
-	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
-		Scheme:  scheme,
-		Cache:   controllers.CacheOptions(opNamespace),
-		Metrics: metricsserver.Options{BindAddress: "0"},
-	})
-	Expect(err).NotTo(HaveOccurred())
-	Expect(fkoperator.SetupAdmissionGuard(mgr, fkoperator.GuardOptions{
-		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName, ProtectedKinds: kinds,
-	})).To(Succeed())
-	ctx, cancel := context.WithCancel(suiteCtx)
-	var done sync.WaitGroup
-	done.Add(1)
-	go func() {
-		defer GinkgoRecover()
-		defer done.Done()
-		Expect(mgr.Start(ctx)).To(Succeed())
-	}()
-	return func() { cancel(); done.Wait() }
-}
 
 // hasKindRule says whether rules hold the declared-kind rule of k (the API
 // server adds scope: "*" to what the operator writes).
