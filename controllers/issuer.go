@@ -34,7 +34,8 @@ const (
 	IssuerEpochDataKey = "epoch"
 )
 
-// +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=secrets,verbs=get;create
+// +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=fencekeeper-system,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=configmaps,verbs=get;list;watch;create;update
 
 // Issuer is the signing identity and epoch of this operator instance. It runs
@@ -130,6 +131,28 @@ func (i *Issuer) Epoch() int64 {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	return i.epoch
+}
+
+// switchSigner makes s the signing key and epoch the issuer epoch in one
+// step, so that no grant is signed by the new key under the old epoch, nor
+// by the old key under the new one (a key rotation, see keyrotation.go).
+func (i *Issuer) switchSigner(s *grant.Signer, epoch int64) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.signer = s
+	if epoch > i.epoch {
+		i.epoch = epoch
+	}
+}
+
+// SigningKeyID is the key ID new grants are signed with ("" before Start finished).
+func (i *Issuer) SigningKeyID() string {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.signer == nil {
+		return ""
+	}
+	return i.signer.KeyID()
 }
 
 // setBundle installs a new trust bundle and reports whether the revocation epoch changed.

@@ -1,0 +1,339 @@
+package controllers
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// Signing-key rotation, in the order the design sets: add the new public key
+// to the trust bundle → every verifier trusts it → sign with it → bump the
+// issuer epoch → revoke the older epochs → retire the old key. The state of a
+// rotation lives in the signing-key Secret (only the operator may write it):
+// a staged next key, then the key being retired and the epoch below which
+// grants are revoked. Each step is derived from that state, the bundle and
+// the verifiers' reports, so an operator restarted at any point carries on.
+// A rotation starts when the key-rotation ConfigMap names a request the
+// Secret has not served yet; the operator reports progress into it.
+
+// Entries of the signing-key Secret that carry a rotation in progress.
+const (
+	nextKeyIDKey       = "next.keyID"
+	nextKeySeedKey     = "next.ed25519.seed"
+	retiringKeyIDKey   = "retiring.keyID"
+	revokeBelowKey     = "rotation.revokeBelowEpoch"
+	rotationRequestKey = "rotation.request"
+)
+
+// Entries of the key-rotation ConfigMap.
+const (
+	// RotationRequestKey is the request a user writes (any new value asks for one rotation).
+	RotationRequestKey = "request"
+	// RotationStatusPrefix starts every entry the operator writes.
+	RotationStatusPrefix = "status."
+)
+
+// RotationStep is where a rotation stands: the next thing to happen.
+type RotationStep string
+
+// Rotation steps in order.
+const (
+	StepIdle            RotationStep = "Idle"
+	StepStage           RotationStep = "StageNewKey"
+	StepAddKey          RotationStep = "AddKeyToBundle"
+	StepAwaitTrust      RotationStep = "AwaitVerifiersTrustNewKey"
+	StepSwitch          RotationStep = "SwitchSignerAndBumpEpoch"
+	StepRevoke          RotationStep = "RevokeOldEpochs"
+	StepAwaitRevoked    RotationStep = "AwaitVerifiersRevoked"
+	StepRetire          RotationStep = "RetireOldKey"
+	StepAwaitRetired    RotationStep = "AwaitVerifiersDropOldKey"
+	StepFinish          RotationStep = "Finish"
+	StepBlocked         RotationStep = "Blocked"
+	rotationPollBackoff              = time.Second
+)
+
+// VerifierReport is what one live webhook replica reported it verifies with.
+type VerifierReport struct {
+	Replica      string
+	Keys         []string
+	RevokedBelow int64
+	Live         bool
+}
+
+func (v VerifierReport) trusts(keyID string) bool {
+	for _, k := range v.Keys {
+		if k == keyID {
+			return true
+		}
+	}
+	return false
+}
+
+// rotationState is everything a rotation step is decided from.
+type rotationState struct {
+	active, next, retiring string // key IDs from the Secret
+	nextPub                ed25519.PublicKey
+	revokeBelow            int64
+	served, requested      string // request the Secret served; request in the ConfigMap
+	bundle                 *grant.TrustBundle
+	verifiers              []VerifierReport
+}
+
+// nextRotationStep decides the next step and, for a wait, who is waited on.
+// It is pure: the table test covers every branch.
+func nextRotationStep(s rotationState) (RotationStep, string) {
+	switch {
+	case s.next != "" && s.retiring != "":
+		return StepBlocked, fmt.Sprintf("signing-key Secret has both a staged key %q and a retiring key %q", s.next, s.retiring)
+	case s.next != "":
+		return nextStagedStep(s)
+	case s.retiring != "":
+		return nextRetiringStep(s)
+	case s.requested != "" && s.requested != s.served:
+		return StepStage, ""
+	}
+	return StepIdle, ""
+}
+
+// nextStagedStep: a new key is staged; publish it, then switch once every verifier trusts it.
+func nextStagedStep(s rotationState) (RotationStep, string) {
+	pub, ok := s.bundle.Keys[s.next]
+	if !ok {
+		return StepAddKey, ""
+	}
+	if !pub.Equal(s.nextPub) {
+		return StepBlocked, fmt.Sprintf("trust bundle holds key %q with a different public key than the staged one", s.next)
+	}
+	if lag := verifiersWhere(s.verifiers, func(v VerifierReport) bool { return !v.trusts(s.next) }); lag != "" {
+		return StepAwaitTrust, lag
+	}
+	return StepSwitch, ""
+}
+
+// nextRetiringStep: the issuer signs with the new key; revoke, then retire the old key.
+func nextRetiringStep(s rotationState) (RotationStep, string) {
+	if s.bundle.RevokedBelowEpoch < s.revokeBelow {
+		return StepRevoke, ""
+	}
+	if lag := verifiersWhere(s.verifiers, func(v VerifierReport) bool { return v.RevokedBelow < s.revokeBelow }); lag != "" {
+		return StepAwaitRevoked, lag
+	}
+	if _, ok := s.bundle.Keys[s.retiring]; ok {
+		return StepRetire, ""
+	}
+	if lag := verifiersWhere(s.verifiers, func(v VerifierReport) bool { return v.trusts(s.retiring) }); lag != "" {
+		return StepAwaitRetired, lag
+	}
+	return StepFinish, ""
+}
+
+// verifiersWhere names the live verifiers for which lags holds; with no live
+// verifier at all it names that, since nobody has confirmed anything.
+func verifiersWhere(vs []VerifierReport, lags func(VerifierReport) bool) string {
+	var names []string
+	live := 0
+	for _, v := range vs {
+		if !v.Live {
+			continue
+		}
+		live++
+		if lags(v) {
+			names = append(names, v.Replica)
+		}
+	}
+	if live == 0 {
+		return "no live verifier has reported (no webhook replica renews a " + locksv1.VerifierLeasePrefix + "* Lease)"
+	}
+	sort.Strings(names)
+	return strings.Join(names, ",")
+}
+
+// ParseVerifierLease reads one verifier's report; now decides liveness.
+func ParseVerifierLease(l *coordinationv1.Lease, now time.Time) VerifierReport {
+	v := VerifierReport{Replica: strings.TrimPrefix(l.Name, locksv1.VerifierLeasePrefix)}
+	if l.Spec.HolderIdentity != nil {
+		v.Replica = *l.Spec.HolderIdentity
+	}
+	if keys := l.Annotations[locksv1.AnnotationVerifierKeys]; keys != "" {
+		v.Keys = strings.Split(keys, ",")
+	}
+	v.RevokedBelow, _ = strconv.ParseInt(l.Annotations[locksv1.AnnotationVerifierRevokedBelow], 10, 64)
+	if l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil {
+		v.Live = now.Before(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
+	}
+	return v
+}
+
+// keyRotator drives a rotation one step per call.
+type keyRotator struct {
+	client client.Client
+	reader client.Reader
+	issuer *Issuer
+}
+
+// step performs at most one step and reports the state after it; it
+// returns whether the rotation is still in progress.
+func (k *keyRotator) step(ctx context.Context) (bool, error) {
+	i := k.issuer
+	var sec corev1.Secret
+	if err := k.reader.Get(ctx, i.key(locksv1.SigningKeySecret), &sec); err != nil {
+		return false, fmt.Errorf("read signing key secret: %w", err)
+	}
+	var cm corev1.ConfigMap
+	if err := k.reader.Get(ctx, i.key(locksv1.TrustBundleConfigMap), &cm); err != nil {
+		return false, fmt.Errorf("read trust bundle: %w", err)
+	}
+	bundle, err := grant.ParseTrustBundle(cm.Data)
+	if err != nil {
+		return false, err
+	}
+	var req corev1.ConfigMap
+	if err := k.reader.Get(ctx, i.key(locksv1.KeyRotationConfigMap), &req); err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("read key rotation request: %w", err)
+	}
+	verifiers, err := k.verifiers(ctx)
+	if err != nil {
+		return false, err
+	}
+	s := rotationState{
+		active: string(sec.Data[signingKeyIDKey]), next: string(sec.Data[nextKeyIDKey]), retiring: string(sec.Data[retiringKeyIDKey]),
+		served: string(sec.Data[rotationRequestKey]), requested: req.Data[RotationRequestKey], bundle: bundle, verifiers: verifiers,
+	}
+	s.revokeBelow, _ = strconv.ParseInt(string(sec.Data[revokeBelowKey]), 10, 64)
+	var next *grant.Signer
+	if s.next != "" {
+		if next, err = grant.NewSigner(s.next, sec.Data[nextKeySeedKey]); err != nil {
+			return false, fmt.Errorf("signing-key Secret: staged key: %w", err)
+		}
+		s.nextPub = next.PublicKey()
+	}
+	step, waiting := nextRotationStep(s)
+	if err := k.do(ctx, step, s, &sec, &cm, next); err != nil {
+		waiting = err.Error()
+	}
+	k.report(ctx, &req, step, waiting, s)
+	return step != StepIdle, nil
+}
+
+// do performs step; a wait does nothing.
+func (k *keyRotator) do(ctx context.Context, step RotationStep, s rotationState, sec *corev1.Secret, cm *corev1.ConfigMap, next *grant.Signer) error {
+	log := ctrl.LoggerFrom(ctx)
+	switch step {
+	case StepStage:
+		signer, err := grant.GenerateSigner(rand.Reader)
+		if err != nil {
+			return err
+		}
+		sec.Data[nextKeyIDKey], sec.Data[nextKeySeedKey] = []byte(signer.KeyID()), signer.Seed()
+		sec.Data[rotationRequestKey] = []byte(s.requested)
+		log.Info("key rotation: staged a new signing key", "keyID", signer.KeyID(), "request", s.requested)
+		return k.client.Update(ctx, sec)
+	case StepAddKey:
+		cm.Data[s.next] = base64.StdEncoding.EncodeToString(s.nextPub)
+		log.Info("key rotation: added the new public key to the trust bundle", "keyID", s.next)
+		return k.client.Update(ctx, cm)
+	case StepSwitch:
+		return k.switchSigner(ctx, s, sec, next)
+	case StepRevoke:
+		cm.Data[grant.RevokedBelowEpochKey] = strconv.FormatInt(s.revokeBelow, 10)
+		log.Info("key rotation: revoking grants of older epochs", "revokedBelowEpoch", s.revokeBelow)
+		return k.client.Update(ctx, cm)
+	case StepRetire:
+		delete(cm.Data, s.retiring)
+		log.Info("key rotation: retired the old key from the trust bundle", "keyID", s.retiring)
+		return k.client.Update(ctx, cm)
+	case StepFinish:
+		delete(sec.Data, retiringKeyIDKey)
+		delete(sec.Data, revokeBelowKey)
+		log.Info("key rotation: complete", "keyID", s.active)
+		return k.client.Update(ctx, sec)
+	}
+	return nil
+}
+
+// switchSigner bumps the issuer epoch, records the switch in the Secret and
+// then signs with the new key under the new epoch. Every grant the old key
+// signed carries an older epoch, so revoking below the new one covers them.
+func (k *keyRotator) switchSigner(ctx context.Context, s rotationState, sec *corev1.Secret, next *grant.Signer) error {
+	epoch, err := k.issuer.nextEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	sec.Data[signingKeyIDKey], sec.Data[signingKeySeedKey] = []byte(next.KeyID()), next.Seed()
+	sec.Data[retiringKeyIDKey] = []byte(s.active)
+	sec.Data[revokeBelowKey] = []byte(strconv.FormatInt(epoch, 10))
+	delete(sec.Data, nextKeyIDKey)
+	delete(sec.Data, nextKeySeedKey)
+	if err := k.client.Update(ctx, sec); err != nil {
+		return fmt.Errorf("record the switch to key %q: %w", next.KeyID(), err)
+	}
+	k.issuer.switchSigner(next, epoch)
+	ctrl.LoggerFrom(ctx).Info("key rotation: signing with the new key under a new issuer epoch", "keyID", next.KeyID(), "epoch", epoch)
+	return nil
+}
+
+func (k *keyRotator) verifiers(ctx context.Context) ([]VerifierReport, error) {
+	var leases coordinationv1.LeaseList
+	if err := k.reader.List(ctx, &leases, client.InNamespace(k.issuer.namespace)); err != nil {
+		return nil, fmt.Errorf("list verifier leases: %w", err)
+	}
+	now := time.Now() // leases are renewed on the wall clock
+	var out []VerifierReport
+	for i := range leases.Items {
+		if strings.HasPrefix(leases.Items[i].Name, locksv1.VerifierLeasePrefix) {
+			out = append(out, ParseVerifierLease(&leases.Items[i], now))
+		}
+	}
+	return out, nil
+}
+
+// report writes the rotation's progress into the request ConfigMap, if any.
+func (k *keyRotator) report(ctx context.Context, req *corev1.ConfigMap, step RotationStep, waiting string, s rotationState) {
+	if req.Name == "" {
+		return
+	}
+	phase := "InProgress"
+	switch {
+	case step == StepIdle && s.requested != "" && s.requested == s.served:
+		phase = "Complete"
+	case step == StepIdle:
+		phase = "Idle"
+	case step == StepBlocked:
+		phase = "Blocked"
+	}
+	status := map[string]string{
+		"phase": phase, "step": string(step), "waitingOn": waiting, "servedRequest": s.served,
+		"signingKeyID": k.issuer.SigningKeyID(), "newKeyID": s.next, "retiringKeyID": s.retiring,
+		"issuerEpoch": strconv.FormatInt(k.issuer.Epoch(), 10), "revokeBelowEpoch": strconv.FormatInt(s.revokeBelow, 10),
+	}
+	changed := false
+	if req.Data == nil {
+		req.Data = map[string]string{}
+	}
+	for key, v := range status {
+		if req.Data[RotationStatusPrefix+key] != v {
+			req.Data[RotationStatusPrefix+key], changed = v, true
+		}
+	}
+	if !changed {
+		return
+	}
+	if err := k.client.Update(ctx, req); err != nil && !apierrors.IsConflict(err) {
+		ctrl.LoggerFrom(ctx).Error(err, "report key rotation progress")
+	}
+}
