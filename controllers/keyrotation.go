@@ -5,7 +5,9 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -224,7 +226,9 @@ func (k *keyRotator) step(ctx context.Context) (bool, error) {
 	}
 	step, waiting := nextRotationStep(s)
 	if err := k.do(ctx, step, s, &sec, &cm, next); err != nil {
-		waiting = err.Error()
+		// Reported where a person looks, and retried on the next poll.
+		ctrl.LoggerFrom(ctx).Error(err, "key rotation step failed", "step", step)
+		waiting = "step failed: " + err.Error()
 	}
 	k.report(ctx, &req, step, waiting, s)
 	return step != StepIdle, nil
@@ -254,7 +258,9 @@ func (k *keyRotator) do(ctx context.Context, step RotationStep, s rotationState,
 		log.Info("key rotation: revoking grants of older epochs", "revokedBelowEpoch", s.revokeBelow)
 		return k.client.Update(ctx, cm)
 	case StepRetire:
-		delete(cm.Data, s.retiring)
+		if err := retireKey(cm, s.retiring); err != nil {
+			return err
+		}
 		log.Info("key rotation: retired the old key from the trust bundle", "keyID", s.retiring)
 		return k.client.Update(ctx, cm)
 	case StepFinish:
@@ -337,3 +343,40 @@ func (k *keyRotator) report(ctx context.Context, req *corev1.ConfigMap, step Rot
 		ctrl.LoggerFrom(ctx).Error(err, "report key rotation progress")
 	}
 }
+
+// maxRetiredKeys bounds the retired keys the bundle remembers.
+const maxRetiredKeys = 8
+
+// retireKey moves keyID from the bundle's keys to its retired keys: it no
+// longer authenticates grants, but fence state the webhook accepted under it
+// and stored on objects still counts (their receipt logs go on). The oldest
+// retired keys are forgotten beyond maxRetiredKeys.
+func retireKey(cm *corev1.ConfigMap, keyID string) error {
+	retired := map[string]string{}
+	if raw := cm.Annotations[locksv1.AnnotationRetiredKeys]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &retired); err != nil {
+			return fmt.Errorf("trust bundle annotation %s: %w", locksv1.AnnotationRetiredKeys, err)
+		}
+	}
+	order := strings.Fields(cm.Annotations[retiredOrderAnnotation])
+	retired[keyID] = cm.Data[keyID]
+	order = append(slices.DeleteFunc(order, func(id string) bool { return id == keyID }), keyID)
+	for len(order) > maxRetiredKeys {
+		delete(retired, order[0])
+		order = order[1:]
+	}
+	raw, err := json.Marshal(retired)
+	if err != nil {
+		return err
+	}
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[locksv1.AnnotationRetiredKeys] = string(raw)
+	cm.Annotations[retiredOrderAnnotation] = strings.Join(order, " ")
+	delete(cm.Data, keyID)
+	return nil
+}
+
+// retiredOrderAnnotation lists the retired key IDs, oldest first.
+const retiredOrderAnnotation = locksv1.AnnotationRetiredKeys + "-order"

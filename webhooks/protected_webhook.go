@@ -139,12 +139,13 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 	} else if teardown {
 		return v.allowTeardown(r, fr)
 	}
-	bundle, err := v.Bundle.Get(ctx)
+	bundle, stored, err := v.Bundle.GetWithRetired(ctx)
 	if err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, err)
 	}
 	reg := registryOf(fr, v.Clock.Now())
-	st := trustedState(r.oldObj, fr, bundle)
+	// Stored state accepted under a key retired since still counts; grants never do.
+	st := trustedState(r.oldObj, fr, stored)
 	var d fence.Decision
 	switch r.SubResource {
 	case "":

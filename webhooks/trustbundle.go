@@ -2,7 +2,9 @@ package webhooks
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -28,10 +30,8 @@ import (
 // trusted as soon as this replica's cache sees it, and a key it retires is
 // no longer trusted, with no restart. Who may change the bundle is decided by
 // the API server (the trust-anchor admission policy: only the operator's
-// identity), not here. What this source adds:
-//   - revokedBelowEpoch never goes down in a running replica, whatever the
-//     ConfigMap says (revocation is one-way);
-//   - a bundle that does not parse is not used; the last good one stays.
+// identity changes keys, and revokedBelowEpoch only grows), not here. A
+// bundle that does not parse is not used: the last good one stays.
 type TrustBundleSource struct {
 	Reader client.Reader // the manager's cache: ConfigMaps of the operator namespace
 	Key    types.NamespacedName
@@ -39,37 +39,70 @@ type TrustBundleSource struct {
 	mu     sync.Mutex
 	rv     string
 	bundle *grant.TrustBundle
+	stored *grant.TrustBundle // bundle plus the retired keys
 }
 
-// Get returns the current bundle.
+// Get returns the current bundle: the keys that authenticate grants.
 func (s *TrustBundleSource) Get(ctx context.Context) (*grant.TrustBundle, error) {
+	b, _, err := s.GetWithRetired(ctx)
+	return b, err
+}
+
+// GetWithRetired returns the current bundle and, for judging fence state
+// already stored on an object, the same bundle with the retired keys added.
+func (s *TrustBundleSource) GetWithRetired(ctx context.Context) (*grant.TrustBundle, *grant.TrustBundle, error) {
 	var cm corev1.ConfigMap
 	if err := s.Reader.Get(ctx, s.Key, &cm); err != nil {
-		return nil, fmt.Errorf("trust bundle %s is not available: %w", s.Key, err)
+		return nil, nil, fmt.Errorf("trust bundle %s is not available: %w", s.Key, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if cm.ResourceVersion == s.rv && s.bundle != nil {
-		return s.bundle, nil
+		return s.bundle, s.stored, nil
 	}
-	b, err := grant.ParseTrustBundle(cm.Data)
+	b, stored, err := parseBundle(&cm)
 	if err != nil {
 		if s.bundle != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "trust bundle is invalid; keeping the last one loaded", "configmap", s.Key)
-			return s.bundle, nil
+			return s.bundle, s.stored, nil
 		}
-		return nil, fmt.Errorf("trust bundle %s: %w", s.Key, err)
+		return nil, nil, fmt.Errorf("trust bundle %s: %w", s.Key, err)
 	}
 	if s.bundle != nil {
-		if b.RevokedBelowEpoch < s.bundle.RevokedBelowEpoch {
-			b.RevokedBelowEpoch = s.bundle.RevokedBelowEpoch
-		}
 		if old, cur := strings.Join(s.bundle.KeyIDs(), ","), strings.Join(b.KeyIDs(), ","); old != cur {
 			ctrl.LoggerFrom(ctx).Info("trusted signing keys changed", "from", old, "to", cur)
 		}
 	}
-	s.rv, s.bundle = cm.ResourceVersion, b
-	return s.bundle, nil
+	s.rv, s.bundle, s.stored = cm.ResourceVersion, b, stored
+	return s.bundle, s.stored, nil
+}
+
+// parseBundle reads the bundle and its retired keys.
+func parseBundle(cm *corev1.ConfigMap) (*grant.TrustBundle, *grant.TrustBundle, error) {
+	b, err := grant.ParseTrustBundle(cm.Data)
+	if err != nil {
+		return nil, nil, err
+	}
+	stored := &grant.TrustBundle{Keys: maps.Clone(b.Keys), RevokedBelowEpoch: b.RevokedBelowEpoch}
+	raw := cm.Annotations[locksv1.AnnotationRetiredKeys]
+	if raw == "" {
+		return b, stored, nil
+	}
+	var retired map[string]string
+	if err := json.Unmarshal([]byte(raw), &retired); err != nil {
+		return nil, nil, fmt.Errorf("annotation %s: %w", locksv1.AnnotationRetiredKeys, err)
+	}
+	retired[grant.RevokedBelowEpochKey] = "0"
+	old, err := grant.ParseTrustBundle(retired)
+	if err != nil {
+		return nil, nil, fmt.Errorf("annotation %s: %w", locksv1.AnnotationRetiredKeys, err)
+	}
+	for id, k := range old.Keys {
+		if _, ok := stored.Keys[id]; !ok {
+			stored.Keys[id] = k
+		}
+	}
+	return b, stored, nil
 }
 
 // VerifierReporter publishes what one webhook replica trusts: it renews the

@@ -32,6 +32,11 @@ const (
 	// AnnotationVerifierKeys lists, comma-separated and sorted, the key IDs a
 	// verifier replica trusts right now.
 	AnnotationVerifierKeys = "fencekeeper.dev/trusted-keys"
+	// AnnotationRetiredKeys, on the trust bundle, holds the public keys a
+	// rotation retired (JSON keyID → base64 key). They never authenticate a
+	// grant again; they only vouch for fence state already stored on objects,
+	// which the webhook accepted while those keys were trusted.
+	AnnotationRetiredKeys = "fencekeeper.dev/retired-keys"
 	// AnnotationVerifierRevokedBelow is the revokedBelowEpoch a verifier replica enforces.
 	AnnotationVerifierRevokedBelow = "fencekeeper.dev/revoked-below-epoch"
 	// WebhookConfigurationName is the ValidatingWebhookConfiguration of the installation.

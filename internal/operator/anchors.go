@@ -56,10 +56,13 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 		celString(locksv1.TrustBundleConfigMap), celString(grant.RevokedBelowEpochKey),
 		celString(locksv1.IssuerEpochConfigMap), celString(controllers.IssuerEpochDataKey))
 	// A break-glass update of the trust bundle may change revokedBelowEpoch
-	// only: every other entry (a key) must be as it was, none added or removed.
+	// only: every other entry (a key) and every annotation must be as it was.
 	keysUnchanged := fmt.Sprintf("request.operation == 'UPDATE' && request.resource.resource == 'configmaps' && variables.name == %[1]s && "+
 		"(!has(object.data) || object.data.all(k, k == %[2]s || (has(oldObject.data) && k in oldObject.data && oldObject.data[k] == object.data[k]))) && "+
-		"(!has(oldObject.data) || oldObject.data.all(k, k == %[2]s || (has(object.data) && k in object.data)))",
+		"(!has(oldObject.data) || oldObject.data.all(k, k == %[2]s || (has(object.data) && k in object.data))) && "+
+		// The annotations carry the retired keys, which still vouch for stored fence state.
+		"has(object.metadata.annotations) == has(oldObject.metadata.annotations) && "+
+		"(!has(object.metadata.annotations) || object.metadata.annotations == oldObject.metadata.annotations)",
 		celString(locksv1.TrustBundleConfigMap), celString(grant.RevokedBelowEpochKey))
 	// An absent entry reads as 0; one that is not a plain number as -1, which
 	// no update may produce. string() keeps the expressions well typed for
