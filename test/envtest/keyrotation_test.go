@@ -116,6 +116,7 @@ var _ = Describe("signing-key rotation", Ordered, func() {
 		// resources, for as long as the rotation runs and a while after.
 		tr := newRotationTraffic(ns, 3)
 		tr.start()
+		DeferCleanup(tr.stop) // also when the spec fails midway
 
 		By("a dry run plans and changes nothing")
 		dry := kubectlFence(adminCfg, "keys", "rotate", "--dry-run")
@@ -138,7 +139,7 @@ var _ = Describe("signing-key rotation", Ordered, func() {
 		Eventually(func() string {
 			var cm corev1.ConfigMap
 			Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: locksv1.KeyRotationConfigMap}, &cm)).To(Succeed())
-			if s := cm.Data["status.step"]; len(steps) == 0 || steps[len(steps)-1] != s {
+			if s := cm.Data["status.step"]; s != "" && (len(steps) == 0 || steps[len(steps)-1] != s) {
 				steps = append(steps, s)
 			}
 			return cm.Data["status.phase"]
@@ -290,6 +291,7 @@ type rotationTraffic struct {
 	ns      string
 	targets []target
 	done    chan struct{}
+	once    sync.Once
 	wg      sync.WaitGroup
 
 	mu       sync.Mutex
@@ -384,7 +386,7 @@ func (tr *rotationTraffic) acceptedSince(t time.Time) int {
 }
 
 func (tr *rotationTraffic) stop() {
-	close(tr.done)
+	tr.once.Do(func() { close(tr.done) })
 	tr.wg.Wait()
 }
 
