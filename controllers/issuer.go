@@ -29,12 +29,10 @@ import (
 const (
 	signingKeyIDKey   = "keyID"
 	signingKeySeedKey = "ed25519.seed"
-	// IssuerEpochDataKey is the issuer-epoch record's entry; the trust-anchor
-	// admission policy checks that it only grows.
-	IssuerEpochDataKey = "epoch"
 )
 
-// +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=secrets,verbs=get;create
+// +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=fencekeeper-system,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=configmaps,verbs=get;list;watch;create;update
 
 // Issuer is the signing identity and epoch of this operator instance. It runs
@@ -130,6 +128,28 @@ func (i *Issuer) Epoch() int64 {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	return i.epoch
+}
+
+// switchSigner makes s the signing key and epoch the issuer epoch in one
+// step, so that no grant is signed by the new key under the old epoch, nor
+// by the old key under the new one (a key rotation, see keyrotation.go).
+func (i *Issuer) switchSigner(s *grant.Signer, epoch int64) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.signer = s
+	if epoch > i.epoch {
+		i.epoch = epoch
+	}
+}
+
+// SigningKeyID is the key ID new grants are signed with ("" before Start finished).
+func (i *Issuer) SigningKeyID() string {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.signer == nil {
+		return ""
+	}
+	return i.signer.KeyID()
 }
 
 // setBundle installs a new trust bundle and reports whether the revocation epoch changed.
@@ -271,7 +291,7 @@ func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
 			cm = corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Namespace: i.namespace, Name: locksv1.IssuerEpochConfigMap,
 					Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper"}},
-				Data: map[string]string{IssuerEpochDataKey: "1"},
+				Data: map[string]string{locksv1.IssuerEpochDataKey: "1"},
 			}
 			if err := i.client.Create(ctx, &cm); err == nil {
 				return 1, nil
@@ -281,12 +301,12 @@ func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
 		case err != nil:
 			return 0, fmt.Errorf("read issuer epoch %s/%s: %w", i.namespace, locksv1.IssuerEpochConfigMap, err)
 		default:
-			cur, err := strconv.ParseInt(cm.Data[IssuerEpochDataKey], 10, 64)
+			cur, err := strconv.ParseInt(cm.Data[locksv1.IssuerEpochDataKey], 10, 64)
 			if err != nil || cur < 0 {
 				return 0, fmt.Errorf("configmap %s/%s: %s=%q is not a non-negative integer",
-					i.namespace, locksv1.IssuerEpochConfigMap, IssuerEpochDataKey, cm.Data[IssuerEpochDataKey])
+					i.namespace, locksv1.IssuerEpochConfigMap, locksv1.IssuerEpochDataKey, cm.Data[locksv1.IssuerEpochDataKey])
 			}
-			cm.Data[IssuerEpochDataKey] = strconv.FormatInt(cur+1, 10)
+			cm.Data[locksv1.IssuerEpochDataKey] = strconv.FormatInt(cur+1, 10)
 			if err := i.client.Update(ctx, &cm); err == nil { // resourceVersion precondition
 				return cur + 1, nil
 			} else if !apierrors.IsConflict(err) {

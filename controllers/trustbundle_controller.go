@@ -14,9 +14,10 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
-// TrustBundleReconciler follows the trust-bundle ConfigMap: when an operator
-// raises revokedBelowEpoch, every FencedResource is reconciled so that grants
-// issued under older epochs are revoked and their waiters served.
+// TrustBundleReconciler follows the trust-bundle ConfigMap: when
+// revokedBelowEpoch rises, every FencedResource is reconciled so that grants
+// issued under older epochs are revoked and their waiters served. It also
+// carries out signing-key rotations (keyrotation.go).
 type TrustBundleReconciler struct {
 	client.Client
 	Issuer *Issuer
@@ -30,7 +31,8 @@ func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		name = "trust-bundle"
 	}
 	isBundle := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == r.Issuer.namespace && o.GetName() == locksv1.TrustBundleConfigMap
+		return o.GetNamespace() == r.Issuer.namespace &&
+			(o.GetName() == locksv1.TrustBundleConfigMap || o.GetName() == locksv1.KeyRotationConfigMap)
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
@@ -39,34 +41,52 @@ func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// Reconcile loads the bundle into the issuer.
+// Reconcile loads the bundle into the issuer and moves a key rotation on by
+// one step (the rotation request ConfigMap maps here too).
 func (r *TrustBundleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	if err := r.Issuer.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
+	r.loadBundle(ctx)
+	rot := keyRotator{client: r.Client, reader: r.Issuer.reader, issuer: r.Issuer}
+	inProgress, err := rot.step(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if inProgress {
+		// Verifier reports are polled, not watched: a rotation is rare and short.
+		return ctrl.Result{RequeueAfter: rotationPollBackoff}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// loadBundle installs the trust bundle in the issuer; a missing or broken
+// bundle keeps the last one loaded.
+func (r *TrustBundleReconciler) loadBundle(ctx context.Context) {
 	var cm corev1.ConfigMap
-	if err := r.Get(ctx, req.NamespacedName, &cm); err != nil {
+	key := client.ObjectKey{Namespace: r.Issuer.namespace, Name: locksv1.TrustBundleConfigMap}
+	if err := r.Get(ctx, key, &cm); err != nil {
 		if apierrors.IsNotFound(err) {
 			ctrl.LoggerFrom(ctx).Error(err, "trust bundle deleted; keeping the last one loaded")
-			return ctrl.Result{}, nil
+		} else {
+			ctrl.LoggerFrom(ctx).Error(err, "read the trust bundle; keeping the last one loaded")
 		}
-		return ctrl.Result{}, err
+		return
 	}
 	b, err := grant.ParseTrustBundle(cm.Data)
 	if err != nil {
 		// A broken bundle must not silently widen or narrow trust: keep the old one.
 		ctrl.LoggerFrom(ctx).Error(err, "trust bundle is invalid; keeping the last one loaded")
-		return ctrl.Result{}, nil
+		return
 	}
 	signer := r.Issuer.state().signer
 	if pub, ok := b.Keys[signer.KeyID()]; !ok || !pub.Equal(signer.PublicKey()) {
 		// Verifiers would reject every grant this issuer signs from now on.
 		ctrl.LoggerFrom(ctx).Error(nil, "trust bundle no longer trusts the signing key; keeping the last one loaded", "keyID", signer.KeyID())
-		return ctrl.Result{}, nil
+		return
 	}
 	if r.Issuer.setBundle(b) {
 		ctrl.LoggerFrom(ctx).Info("revocation epoch changed", "revokedBelowEpoch", b.RevokedBelowEpoch)
 		r.Issuer.ResyncAll()
 	}
-	return ctrl.Result{}, nil
 }

@@ -80,12 +80,18 @@ func SetupProtectedWebhook(mgr ctrl.Manager, namespace string, clk clock.Clock) 
 	if err := mgr.Add(status); err != nil {
 		return nil, err
 	}
+	bundle := &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: locksv1.TrustBundleConfigMap}}
+	// Each replica reports the bundle it verifies with; key rotation waits on it.
+	if err := mgr.Add(&VerifierReporter{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Source: bundle,
+		Namespace: namespace, Replica: ReplicaName(), Interval: 2 * time.Second}); err != nil {
+		return nil, err
+	}
 	v := &ProtectedObjectValidator{
 		Reader:   mgr.GetAPIReader(),
 		Index:    mgr.GetCache(),
 		Writer:   mgr.GetClient(),
 		Mapper:   mgr.GetRESTMapper(),
-		Bundle:   &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: locksv1.TrustBundleConfigMap}},
+		Bundle:   bundle,
 		Clock:    clk,
 		Recorder: mgr.GetEventRecorder("fencekeeper-webhook"),
 		Status:   status,
@@ -133,12 +139,13 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 	} else if teardown {
 		return v.allowTeardown(r, fr)
 	}
-	bundle, err := v.Bundle.Get(ctx)
+	bundle, stored, err := v.Bundle.GetWithRetired(ctx)
 	if err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, err)
 	}
 	reg := registryOf(fr, v.Clock.Now())
-	st := trustedState(r.oldObj, fr, bundle)
+	// Stored state accepted under a key retired since still counts; grants never do.
+	st := trustedState(r.oldObj, fr, stored)
 	var d fence.Decision
 	switch r.SubResource {
 	case "":

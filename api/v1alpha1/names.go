@@ -20,6 +20,25 @@ const (
 	TrustBundleConfigMap = "fencekeeper-trust-bundle"
 	// IssuerEpochConfigMap records the issuer epoch (the design leaves its name to us).
 	IssuerEpochConfigMap = "fencekeeper-issuer-epoch"
+	// KeyRotationConfigMap is the signing-key rotation request (written by
+	// kubectl fence keys rotate) and the operator's report of its progress.
+	// It is not a trust anchor: requesting a rotation never changes trust;
+	// only the operator acts on it, through the anchors.
+	KeyRotationConfigMap = "fencekeeper-key-rotation"
+	// VerifierLeasePrefix starts the name of the Lease each webhook replica
+	// renews in the operator namespace, reporting the trust bundle it has
+	// loaded (AnnotationVerifierKeys, AnnotationVerifierRevokedBelow).
+	VerifierLeasePrefix = "fencekeeper-verifier-"
+	// AnnotationVerifierKeys lists, comma-separated and sorted, the key IDs a
+	// verifier replica trusts right now.
+	AnnotationVerifierKeys = "fencekeeper.dev/trusted-keys"
+	// AnnotationRetiredKeys, on the trust bundle, holds the public keys a
+	// rotation retired (JSON keyID → base64 key). They never authenticate a
+	// grant again; they only vouch for fence state already stored on objects,
+	// which the webhook accepted while those keys were trusted.
+	AnnotationRetiredKeys = "fencekeeper.dev/retired-keys"
+	// AnnotationVerifierRevokedBelow is the revokedBelowEpoch a verifier replica enforces.
+	AnnotationVerifierRevokedBelow = "fencekeeper.dev/revoked-below-epoch"
 	// WebhookConfigurationName is the ValidatingWebhookConfiguration of the installation.
 	WebhookConfigurationName = "fencekeeper-validating-webhook-configuration"
 	// LeaderElectionID names the leader-election Lease: its holder is the issuer.

@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -19,11 +18,14 @@ const (
 	// binding) that guards the signing key, trust bundle and issuer-epoch record.
 	TrustAnchorPolicyName = "fencekeeper-trust-anchors"
 	// TrustAnchorResource and TrustAnchorRotateVerb are the break-glass
-	// permission of a controlled rotation: a user who may "rotate"
+	// permission of an emergency revocation: a user who may "rotate"
 	// trustanchors.locks.fencekeeper.dev in the operator namespace (a
-	// SubjectAccessReview the API server makes inside the policy) may update
-	// the anchors, for instance raise revokedBelowEpoch or add a key. It never
-	// allows a delete, a create or lowering an epoch.
+	// SubjectAccessReview the API server makes inside the policy) may raise
+	// the trust bundle's revokedBelowEpoch. Revocation only narrows trust, so
+	// it may be somebody else's; adding, changing or removing a key widens or
+	// breaks it and is the operator's alone (kubectl fence keys rotate asks
+	// the operator). It never allows touching the signing key or the epoch
+	// record, a delete, a create or lowering an epoch.
 	TrustAnchorResource   = "trustanchors"
 	TrustAnchorRotateVerb = "rotate"
 )
@@ -51,7 +53,16 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 		name, celString(locksv1.TrustBundleConfigMap), celString(locksv1.IssuerEpochConfigMap), celString(locksv1.SigningKeySecret))
 	epochKey := fmt.Sprintf("variables.name == %s ? %s : (variables.name == %s ? %s : '')",
 		celString(locksv1.TrustBundleConfigMap), celString(grant.RevokedBelowEpochKey),
-		celString(locksv1.IssuerEpochConfigMap), celString(controllers.IssuerEpochDataKey))
+		celString(locksv1.IssuerEpochConfigMap), celString(locksv1.IssuerEpochDataKey))
+	// A break-glass update of the trust bundle may change revokedBelowEpoch
+	// only: every other entry (a key) and every annotation must be as it was.
+	keysUnchanged := fmt.Sprintf("request.operation == 'UPDATE' && request.resource.resource == 'configmaps' && variables.name == %[1]s && "+
+		"(!has(object.data) || object.data.all(k, k == %[2]s || (has(oldObject.data) && k in oldObject.data && oldObject.data[k] == object.data[k]))) && "+
+		"(!has(oldObject.data) || oldObject.data.all(k, k == %[2]s || (has(object.data) && k in object.data))) && "+
+		// The annotations carry the retired keys, which still vouch for stored fence state.
+		"has(object.metadata.annotations) == has(oldObject.metadata.annotations) && "+
+		"(!has(object.metadata.annotations) || object.metadata.annotations == oldObject.metadata.annotations)",
+		celString(locksv1.TrustBundleConfigMap), celString(grant.RevokedBelowEpochKey))
 	// An absent entry reads as 0; one that is not a plain number as -1, which
 	// no update may produce. string() keeps the expressions well typed for
 	// Secrets (bytes) too, which never get here (epochKey is empty for them).
@@ -76,7 +87,8 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 				{Name: "name", Expression: name},
 				{Name: "isOperator", Expression: "request.userInfo.username == " + celString(operatorUser)},
 				{Name: "terminating", Expression: "request.operation == 'DELETE' && namespaceObject != null && has(namespaceObject.status) && has(namespaceObject.status.phase) && namespaceObject.status.phase == 'Terminating'"},
-				{Name: "rotation", Expression: fmt.Sprintf("request.operation == 'UPDATE' && authorizer.group(%s).resource(%s).namespace(%s).name(variables.name).check(%s).allowed()",
+				{Name: "keysUnchanged", Expression: keysUnchanged},
+				{Name: "rotation", Expression: fmt.Sprintf("request.operation == 'UPDATE' && variables.keysUnchanged && authorizer.group(%s).resource(%s).namespace(%s).name(variables.name).check(%s).allowed()",
 					celString(locksv1.GroupVersion.Group), celString(TrustAnchorResource), celString(namespace), celString(TrustAnchorRotateVerb))},
 				{Name: "epochKey", Expression: "request.operation == 'UPDATE' ? (" + epochKey + ") : ''"},
 				{Name: "epochLabel", Expression: "variables.epochKey == 'epoch' ? 'the issuer epoch' : variables.epochKey"},
@@ -88,8 +100,8 @@ func TrustAnchorPolicy(namespace, operatorUser string) (*admissionregistrationv1
 			Validations: []admissionregistrationv1.Validation{
 				{
 					Expression: "variables.isOperator || variables.terminating || variables.rotation",
-					MessageExpression: fmt.Sprintf("'only the fencekeeper operator (' + %s + ') may ' + request.operation + ' the trust anchor ' + %s + '/' + variables.name + ', not ' + request.userInfo.username + (request.operation == 'UPDATE' ? ' (a controlled rotation needs verb %s on %s.%s)' : '')",
-						celString(operatorUser), celString(namespace), TrustAnchorRotateVerb, TrustAnchorResource, locksv1.GroupVersion.Group),
+					MessageExpression: fmt.Sprintf("'only the fencekeeper operator (' + %s + ') may ' + request.operation + ' the trust anchor ' + %s + '/' + variables.name + ', not ' + request.userInfo.username + (request.operation == 'UPDATE' ? ' (keys change only through the operator: kubectl fence keys rotate; verb %s on %s.%s allows raising %s only)' : '')",
+						celString(operatorUser), celString(namespace), TrustAnchorRotateVerb, TrustAnchorResource, locksv1.GroupVersion.Group, grant.RevokedBelowEpochKey),
 					Reason: &forbidden,
 				},
 				{

@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
@@ -215,7 +214,7 @@ func issuerEpoch(ctx context.Context, t *testing.T) int64 {
 	if err := admin.Get(ctx, types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.IssuerEpochConfigMap}, &cm); err != nil {
 		t.Fatal(err)
 	}
-	e, err := strconv.ParseInt(cm.Data[controllers.IssuerEpochDataKey], 10, 64)
+	e, err := strconv.ParseInt(cm.Data[locksv1.IssuerEpochDataKey], 10, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
