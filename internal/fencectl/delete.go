@@ -37,20 +37,20 @@ object in between, nothing is deleted.`,
 				return err
 			}
 			ctx := cmd.Context()
-			lock, err := o.attach(ctx, args[0], "delete", unguarded)
-			if err != nil {
-				return err
-			}
-			defer lock.Orphan()
-			obj, err := o.targetObject(ctx, lock.Resource())
-			if err != nil {
-				return err
-			}
 			if operation == "" {
 				operation = "kubectl-fence/" + args[0]
 			}
-			res := writeResult{Object: obj.GetKind() + "/" + obj.GetName(), Operation: operation, Fence: lock.Fence()}
-			r, err := lock.Operation(operation).Delete(ctx, obj)
+			w, err := o.writer(ctx, args[0], "delete", operation, unguarded)
+			if err != nil {
+				return err
+			}
+			defer w.done()
+			obj, err := o.targetObject(ctx, w.resource)
+			if err != nil {
+				return err
+			}
+			res := writeResult{Object: obj.GetKind() + "/" + obj.GetName(), Operation: operation, Fence: w.fence}
+			r, err := w.delete(ctx, obj)
 			if err == nil {
 				res.Verdict, res.Segment, res.Payload, res.Receipt = fence.Accepted, r.Segment, r.Payload, r.Receipt
 				return o.emit(res, nil, func(bool) error {

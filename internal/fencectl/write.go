@@ -68,20 +68,20 @@ per grant); a write the webhook already applied returns its original receipt.`,
 				return errors.New("write needs -f FILE: a manifest of the protected object with its new content")
 			}
 			ctx := cmd.Context()
-			lock, err := o.attach(ctx, args[0], "write", unguarded)
-			if err != nil {
-				return err
-			}
-			defer lock.Orphan()
-			obj, content, err := o.target(ctx, lock.Resource(), file)
-			if err != nil {
-				return err
-			}
 			if operation == "" {
 				operation = "kubectl-fence/" + args[0]
 			}
-			res := writeResult{Object: obj.GetKind() + "/" + obj.GetName(), Operation: operation, Fence: lock.Fence()}
-			r, err := lock.Operation(operation).Commit(ctx, obj, func() error {
+			w, err := o.writer(ctx, args[0], "write", operation, unguarded)
+			if err != nil {
+				return err
+			}
+			defer w.done()
+			obj, content, err := o.target(ctx, w.resource, file)
+			if err != nil {
+				return err
+			}
+			res := writeResult{Object: obj.GetKind() + "/" + obj.GetName(), Operation: operation, Fence: w.fence}
+			r, err := w.commit(ctx, obj, func() error {
 				for _, k := range []string{"data", "binaryData", "spec"} {
 					delete(obj.Object, k)
 				}
@@ -230,15 +230,56 @@ func (o *options) receiptsCmd() *cobra.Command {
 	return cmd
 }
 
-// attach follows the LockGrant name to act under it ("write", "delete").
-func (o *options) attach(ctx context.Context, name, verb string, unguarded bool) (*lockclient.Lock, error) {
+// grantWriter writes under one LockGrant: through the client library's
+// guarded Operation, or (--unguarded) stamped with the grant whatever its
+// phase, for the webhook to judge.
+type grantWriter struct {
+	resource string
+	fence    int64
+	commit   func(ctx context.Context, obj *unstructured.Unstructured, mutate func() error) (fence.Receipt, error)
+	delete   func(ctx context.Context, obj *unstructured.Unstructured) (fence.Receipt, error)
+	done     func()
+}
+
+// writer follows the LockGrant name to act under it ("write", "delete").
+func (o *options) writer(ctx context.Context, name, verb, operation string, unguarded bool) (*grantWriter, error) {
+	if unguarded {
+		return o.unguardedWriter(ctx, name, operation)
+	}
 	lc, err := o.lockClient(ctx)
 	if err != nil {
 		return nil, err
 	}
-	lock, err := lc.Attach(ctx, name, lockclient.AcquireOptions{Unguarded: unguarded})
+	lock, err := lc.Attach(ctx, name, lockclient.AcquireOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("cannot %s under %s: %w (--unguarded sends the %s anyway, for the webhook to judge)", verb, name, explainAPI(err, "LockGrant "+name), verb)
 	}
-	return lock, nil
+	op := lock.Operation(operation)
+	return &grantWriter{resource: lock.Resource(), fence: lock.Fence(), done: lock.Orphan,
+		commit: func(ctx context.Context, obj *unstructured.Unstructured, mutate func() error) (fence.Receipt, error) {
+			return op.Commit(ctx, obj, mutate)
+		},
+		delete: func(ctx context.Context, obj *unstructured.Unstructured) (fence.Receipt, error) {
+			return op.Delete(ctx, obj)
+		},
+	}, nil
+}
+
+func (o *options) unguardedWriter(ctx context.Context, name, operation string) (*grantWriter, error) {
+	lg, err := o.unguardedGrant(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	kube, err := o.kube()
+	if err != nil {
+		return nil, err
+	}
+	return &grantWriter{resource: lg.Spec.Resource, fence: lg.Status.Grant.FenceToken, done: func() {},
+		commit: func(ctx context.Context, obj *unstructured.Unstructured, mutate func() error) (fence.Receipt, error) {
+			return WriteUnguarded(ctx, kube, lg, obj, operation, "", mutate)
+		},
+		delete: func(ctx context.Context, obj *unstructured.Unstructured) (fence.Receipt, error) {
+			return deleteUnguarded(ctx, kube, lg, obj, operation)
+		},
+	}, nil
 }

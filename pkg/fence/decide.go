@@ -87,6 +87,16 @@ type State struct {
 	DeleteIntent bool
 }
 
+// NextSegment is the segment a write under g continues with on an object
+// whose stored fence state is st: the next one when st's last accepted
+// segment is g's, else 1 (a new fence starts at segment 1).
+func NextSegment(st State, g grant.Grant) int64 {
+	if st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
+		return st.LastSegment + 1
+	}
+	return 1
+}
+
 // StateOf derives the stored state from an object's fence and receipts annotations.
 func StateOf(fenceAnnotation, receiptsAnnotation string) (State, error) {
 	rs, err := ParseReceipts(receiptsAnnotation)

@@ -405,3 +405,27 @@ func TestIntentSegmentIsOrdinary(t *testing.T) {
 		t.Fatalf("after the intent: %+v", next)
 	}
 }
+
+// TestNextSegment: a write continues its own grant's segments and starts a new
+// fence at 1, and what it computes is what Decide accepts next.
+func TestNextSegment(t *testing.T) {
+	w := newWorld(t)
+	a := w.grant("worker-a", 5, rootOf('a'))
+	if got := NextSegment(State{}, a); got != 1 {
+		t.Fatalf("empty object: segment %d", got)
+	}
+	st := w.write(w.write(State{}, a, 1, "a1"), a, 2, "a2")
+	if got := NextSegment(st, a); got != 3 {
+		t.Fatalf("after two segments of a: %d", got)
+	}
+	w.write(st, a, NextSegment(st, a), "a3") // Decide accepts it (write fails the test otherwise)
+	b := w.grant("worker-b", 6, rootOf('b'))
+	if got := NextSegment(st, b); got != 1 {
+		t.Fatalf("a newer fence: %d", got)
+	}
+	twin := a
+	twin.Lease = "another lease" // same fence, another grant: the registry issued it twice
+	if got := NextSegment(st, twin); got != 1 {
+		t.Fatalf("another grant with the same fence: %d", got)
+	}
+}

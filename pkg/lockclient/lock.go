@@ -46,11 +46,6 @@ type AcquireOptions struct {
 	RequestTimeout time.Duration
 	// OnStateChange, if set, is called (from the lock's goroutine) on every state change.
 	OnStateChange func(State)
-	// Unguarded (Attach only) attaches even to a grant that has ended, and its
-	// Guard lets writes through: the acceptance webhook then refuses them. It
-	// exists to exercise the acceptance point (kubectl fence write
-	// --unguarded), never for real work.
-	Unguarded bool
 }
 
 // Lock is one held claim: a session whose TTL the issuer enforces.
@@ -114,10 +109,6 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 	switch to, ended := phaseOutcome(lg.Status.Phase); {
 	case to == StateHeld:
 	case final(to):
-		if o.Unguarded && lg.Status.Grant != nil {
-			l.view, l.state = &lg, StateHeld // no keeper: nothing is renewed
-			return l, nil
-		}
 		return nil, fmt.Errorf("%w: LockGrant %s is %s: %s", ended, name, lg.Status.Phase, conditionMessage(&lg))
 	default:
 		return nil, fmt.Errorf("%w: LockGrant %s is %s, not Held yet", ErrOwnershipUnknown, name, phaseOrPending(&lg))
@@ -427,7 +418,7 @@ func (l *Lock) Guard() error {
 	defer l.mu.Unlock()
 	switch l.state {
 	case StateHeld, StateRenewing:
-		if l.orphaned && !l.opts.Unguarded {
+		if l.orphaned {
 			return ErrOwnershipUnknown
 		}
 		return nil

@@ -125,10 +125,7 @@ func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func
 	if err != nil {
 		return prepared{}, fmt.Errorf("stored fence state of %s: %w", obj.GetName(), err)
 	}
-	segment := int64(1)
-	if st.HighestFence == g.FenceToken && st.GrantDigest == g.Digest() {
-		segment = st.LastSegment + 1
-	}
+	segment := fence.NextSegment(st, g)
 	if !exists {
 		if segment, err = op.segmentAfterDelete(ctx, g.Digest()); err != nil {
 			return prepared{}, err

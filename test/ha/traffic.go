@@ -11,10 +11,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/fencectl"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -59,7 +62,7 @@ func (tr *traffic) worker(ctx context.Context, id int, cfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	kube, err := client.New(cfg, client.Options{})
+	kube, err := client.New(cfg, client.Options{Scheme: locksv1.Scheme})
 	if err != nil {
 		return err
 	}
@@ -96,7 +99,7 @@ func (tr *traffic) iteration(ctx context.Context, c *lockclient.Client, kube cli
 		wrote = true
 	}
 	if wrote && prev != "" {
-		tr.staleWrite(ictx, c, res, prev, iter)
+		tr.staleWrite(ictx, kube, res, prev, iter)
 		tr.unfencedWrite(ictx, kube, res, iter)
 	}
 	_ = lock.Release(ictx)
@@ -140,17 +143,20 @@ func (tr *traffic) commit(ctx context.Context, op *lockclient.Operation, res, ke
 }
 
 // staleWrite writes with the previous, released grant after a newer fence
-// wrote the object: the webhook must refuse it.
-func (tr *traffic) staleWrite(ctx context.Context, c *lockclient.Client, res, prev string, iter int) {
-	stale, err := c.Attach(ctx, prev, lockclient.AcquireOptions{Unguarded: true})
-	if err != nil {
+// wrote the object, as kubectl fence write --unguarded does: the webhook must
+// refuse it.
+func (tr *traffic) staleWrite(ctx context.Context, kube client.Client, res, prev string, iter int) {
+	var lg locksv1.LockGrant
+	if err := kube.Get(ctx, types.NamespacedName{Namespace: tr.ns, Name: prev}, &lg); err != nil || lg.Status.Grant == nil {
 		return
 	}
-	defer stale.Orphan()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tr.ns, Name: res}}
-	_, err = stale.Operation(fmt.Sprintf("stale-%d", iter)).Commit(ctx, cm, func() error {
-		cm.Data["stale-"+fmt.Sprint(iter)] = "must not be written"
-		return nil
+	cm := &unstructured.Unstructured{}
+	cm.SetAPIVersion("v1")
+	cm.SetKind("ConfigMap")
+	cm.SetNamespace(tr.ns)
+	cm.SetName(res)
+	_, err := fencectl.WriteUnguarded(ctx, kube, &lg, cm, fmt.Sprintf("stale-%d", iter), "", func() error {
+		return unstructured.SetNestedField(cm.Object, "must not be written", "data", "stale-"+fmt.Sprint(iter))
 	})
 	_, denied := lockclient.AsDenial(err)
 	tr.mu.Lock()
@@ -160,7 +166,7 @@ func (tr *traffic) staleWrite(ctx context.Context, c *lockclient.Client, res, pr
 	}
 	tr.mu.Unlock()
 	if err == nil {
-		tr.violate("stale write with %s (fence %d) to %s was accepted", prev, stale.Fence(), res)
+		tr.violate("stale write with %s (fence %d) to %s was accepted", prev, lg.Status.Grant.FenceToken, res)
 	}
 }
 
