@@ -153,6 +153,7 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	grantExpiries.Add(float64(p.expiries))
 	grantReleases.Add(float64(p.releases))
 	grantRevocations.Add(float64(p.revocations))
+	observeIssued(&p)
 
 	byName := map[string]*locksv1.LockGrant{}
 	byUID := map[string]*locksv1.LockGrant{}

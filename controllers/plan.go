@@ -60,6 +60,9 @@ type planOutput struct {
 	superseded                 bool
 	issued, handoffs, expiries int
 	releases, revocations      int
+	// waited is the issued grant's time since its request; handoffGap the
+	// time since the previous holder ended (with handoffs > 0).
+	waited, handoffGap time.Duration
 }
 
 // endedPhase decides why a holder's grant ended, or "" if it still holds.
@@ -167,6 +170,7 @@ func planGrants(in planInput) (planOutput, error) {
 	// The holder: renew, or end it.
 	ended := map[string]locksv1.LockGrantStatus{}
 	handoff := false
+	var endedAt time.Time
 	if h := st.Holder; h != nil {
 		lg := byName[h.GrantName]
 		if lg != nil && string(lg.UID) != h.GrantUID {
@@ -176,6 +180,7 @@ func planGrants(in planInput) (planOutput, error) {
 			ended[h.GrantUID] = terminalStatus(holderStatus(fr, h), phase, reason, in.now)
 			st.Holder = nil
 			handoff = true
+			endedAt = holderEndedAt(phase, h, lg, in.now)
 			switch phase {
 			case locksv1.PhaseExpired:
 				out.expiries++
@@ -273,9 +278,11 @@ func planGrants(in planInput) (planOutput, error) {
 		st.BackendRevision = fr.ResourceVersion
 		out.issued++
 		out.issuedTo = head.Name
+		out.waited = sinceNonNegative(in.now, head.CreationTimestamp.Time)
 		reason, note := "Issued", fmt.Sprintf("fence %d issued to %s (lease %s)", fence, h.Owner, h.Lease)
 		if handoff {
 			out.handoffs++
+			out.handoffGap = sinceNonNegative(in.now, endedAt)
 			reason = "HandedOff"
 			note = fmt.Sprintf("handed off to %s with fence %d", h.Owner, fence)
 		}
