@@ -67,14 +67,15 @@ type Options struct {
 	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
 }
 
+// The metrics endpoint's authentication and authorization filter.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
 // MetricsOptions configure the metrics endpoint. Secure: HTTPS (HTTP/2 off),
 // and every scrape's bearer token is checked by the API server: a TokenReview
 // authenticates it and a SubjectAccessReview must allow `get` on the
 // non-resource URL /metrics (the metrics-reader ClusterRole grants it). The
-// operator therefore needs to create both reviews.
-//
-// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
-// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+// operator therefore needs to create both reviews (RBAC just above).
 func MetricsOptions(addr string, secure bool, certDir string) metricsserver.Options {
 	o := metricsserver.Options{BindAddress: addr}
 	if secure {
