@@ -78,7 +78,7 @@ docker-build: ## Build the manager image.
 	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMG) .
 
 # The roles the chart takes from config/rbac as they are (it writes its own bindings).
-CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml
+CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml metrics_reader_role.yaml
 
 # render-install prints config/default with the manager image set to IMG. It
 # works on a copy of config/: nothing tracked is edited.
@@ -98,6 +98,8 @@ build-installer: manifests ## Write dist/install.yaml for IMG and copy the gener
 	cp config/crd/bases/*.yaml dist/chart/crds/
 	cp $(addprefix config/rbac/,$(CHART_RBAC_FILES)) dist/chart/files/rbac/
 	cp config/webhook/manifests.yaml dist/chart/files/webhooks.yaml
+	cp config/prometheus/rules.yaml dist/chart/files/prometheus-rules.yaml
+	cp config/grafana/fencekeeper.json dist/chart/files/grafana-dashboard.json
 	@echo "wrote dist/install.yaml (image $(IMG)) and synced dist/chart"
 
 $(HELM):
