@@ -61,6 +61,11 @@ verify-generated: manifests generate ## Fail if generated files are out of date.
 test: control-plane manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
 	go test -race -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/)
 	go test -v -count=1 -timeout 30m $(GO_TEST_FLAGS) ./test/...
+	$(MAKE) test-monitoring
+
+.PHONY: test-monitoring
+test-monitoring: ## Check the alert rules and dashboard with Prometheus's parsers (a module of its own: test/monitoring).
+	cd test/monitoring && go test -count=1 $(GO_TEST_FLAGS) ./...
 
 ##@ Build
 
