@@ -65,6 +65,11 @@ verify-generated: manifests generate ## Fail if generated files are out of date.
 test: control-plane manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
 	go test -race -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/)
 	go test -v -count=1 -timeout 30m $(GO_TEST_FLAGS) ./test/... # includes test/ha (two manager processes, ~75 s)
+	$(MAKE) test-monitoring
+
+.PHONY: test-monitoring
+test-monitoring: ## Check the alert rules and dashboard with Prometheus's parsers (a module of its own: test/monitoring).
+	cd test/monitoring && go test -count=1 $(GO_TEST_FLAGS) ./...
 
 ##@ Build
 
@@ -82,7 +87,7 @@ docker-build: ## Build the manager image.
 	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMG) .
 
 # The roles the chart takes from config/rbac as they are (it writes its own bindings).
-CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml protected_kinds_role.yaml
+CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml protected_kinds_role.yaml metrics_reader_role.yaml
 
 # render-install prints config/default with the manager image set to IMG. It
 # works on a copy of config/: nothing tracked is edited.
@@ -102,6 +107,8 @@ build-installer: manifests ## Write dist/install.yaml for IMG and copy the gener
 	cp config/crd/bases/*.yaml dist/chart/crds/
 	cp $(addprefix config/rbac/,$(CHART_RBAC_FILES)) dist/chart/files/rbac/
 	cp config/webhook/manifests.yaml dist/chart/files/webhooks.yaml
+	cp config/prometheus/rules.yaml dist/chart/files/prometheus-rules.yaml
+	cp config/grafana/fencekeeper.json dist/chart/files/grafana-dashboard.json
 	@echo "wrote dist/install.yaml (image $(IMG)) and synced dist/chart"
 
 $(HELM):

@@ -84,6 +84,7 @@ func (i *Issuer) Start(ctx context.Context) error {
 	i.mu.Lock()
 	i.signer, i.bundle, i.epoch, i.takeoverAt = signer, bundle, epoch, i.clock.Now()
 	i.mu.Unlock()
+	issuerEpoch.Set(float64(epoch))
 	i.log.Info("issuer ready", "epoch", epoch, "keyID", signer.KeyID(), "revokedBelowEpoch", bundle.RevokedBelowEpoch)
 	close(i.ready)
 	<-ctx.Done()

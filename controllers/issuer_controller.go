@@ -209,6 +209,7 @@ func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedRe
 	grantExpiries.Add(float64(d.Counts.Expiries))
 	grantReleases.Add(float64(d.Counts.Releases))
 	grantRevocations.Add(float64(d.Counts.Revocations))
+	observeIssued(d.Counts)
 	return true, nil
 }
 

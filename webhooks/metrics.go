@@ -1,15 +1,24 @@
 package webhooks
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
+// Labels stay bounded: verdicts and modes are enums, namespaces are the
+// cluster's; no object names.
 var (
 	decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencekeeper_admission_decisions_total",
 		Help: "Decisions on mutations of protected objects, by verdict and enforcement mode (allowed is what the webhook answered).",
 	}, []string{"verdict", "mode", "allowed"})
+	denials = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencekeeper_admission_denials_total",
+		Help: "Mutations of protected objects whose verdict refuses them, by namespace, verdict and mode " +
+			"(mode Shadow: reported, let through; Enforce: refused).",
+	}, []string{"namespace", "verdict", "mode"})
 	decisionLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "fencekeeper_admission_duration_seconds",
 		Help:    "Time to decide a mutation of a protected object, including the registry read.",
@@ -17,15 +26,21 @@ var (
 	}, []string{"operation"})
 	fenceRegressions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_fence_regressions_total", Help: "Writes denied with FENCE_REGRESSION (the registry was behind the object)."})
+	teardownDeletes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fencekeeper_namespace_teardown_deletes_total",
+		Help: "Deletes of protected objects and registry entries let through because the namespace controller empties a terminating namespace.",
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, decisionLatency, fenceRegressions)
+	metrics.Registry.MustRegister(decisions, denials, decisionLatency, fenceRegressions, teardownDeletes)
 }
 
-var teardownDeletes = prometheus.NewCounter(prometheus.CounterOpts{
-	Name: "fencekeeper_namespace_teardown_deletes_total",
-	Help: "Deletes of protected objects and registry entries let through because the namespace controller empties a terminating namespace.",
-})
-
-func init() { metrics.Registry.MustRegister(teardownDeletes) }
+// recordDecision counts one decision; a refusing verdict also counts as a
+// denial in its namespace, whether the mode refused it or only reported it.
+func recordDecision(namespace, verdict, mode string, refuses, allowed bool) {
+	decisions.WithLabelValues(verdict, mode, strconv.FormatBool(allowed)).Inc()
+	if refuses {
+		denials.WithLabelValues(namespace, verdict, mode).Inc()
+	}
+}

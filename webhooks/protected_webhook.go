@@ -179,7 +179,7 @@ const notProtected = "NOT_PROTECTED"
 // as one — the write is then refused until it does).
 func nonTarget(r *request) admission.Response {
 	if writes, _ := fenceStateChange(r); writes {
-		decisions.WithLabelValues(string(fence.WrongResource), "", "false").Inc()
+		recordDecision(r.Namespace, string(fence.WrongResource), "", true, false)
 		return denied(fence.Decision{Verdict: fence.WrongResource, Message: fmt.Sprintf("WRONG_RESOURCE: no FencedResource names %s %s as its target, and %s and %s annotations are only written to a target (if its FencedResource was just created, retry)",
 			r.kind, r.name, fence.AnnotationFence, fence.AnnotationReceipts)})
 	}
@@ -416,7 +416,7 @@ func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *
 		d.Message += fmt.Sprintf(" (in Shadow too, the %s and %s annotations change only with an accepted segment)", fence.AnnotationFence, fence.AnnotationReceipts)
 	}
 	allowed := d.Verdict.Allowed() || mode == locksv1.EnforcementShadow
-	decisions.WithLabelValues(string(d.Verdict), string(mode), fmt.Sprint(allowed)).Inc()
+	recordDecision(r.Namespace, string(d.Verdict), string(mode), !d.Verdict.Allowed(), allowed)
 	if !dryRun(r.Request) {
 		v.observe(r, fr, d, stored)
 	}

@@ -28,7 +28,10 @@ func main() {
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	flag.Int64Var(&memoryLimit, "memory-limit", 0, "The container's memory limit in bytes (the Deployment passes limits.memory through the downward API); the Go heap limit becomes --memory-limit-ratio of it unless GOMEMLIMIT is set. 0 leaves Go's default.")
 	flag.Float64Var(&memoryLimitRatio, "memory-limit-ratio", 0.9, "Share of --memory-limit the Go runtime aims to stay under (0 < ratio <= 1); the rest is headroom for non-heap memory.")
-	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint (0 disables it).")
+	var metricsSecure bool
+	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8443", "Address of the Prometheus metrics endpoint (0 disables it).")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS and only to callers whose token may get the non-resource URL /metrics (TokenReview and SubjectAccessReview); false serves plain HTTP to anyone.")
+	flag.StringVar(&o.MetricsCertDir, "metrics-cert-dir", "", "With --metrics-secure: directory with tls.crt and tls.key for the metrics endpoint (default: a self-signed certificate generated at start).")
 	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&o.LeaderElect, "leader-elect", true, "Elect a leader; only the leader issues grants, and each new leader starts a new issuer epoch.")
 	flag.StringVar(&o.Namespace, "namespace", locksv1.DefaultNamespace, "Namespace of the signing key, trust bundle, epoch record and leader-election lease.")
@@ -67,6 +70,7 @@ func main() {
 		setup.Error(err, "invalid --protected-kinds")
 		os.Exit(2)
 	}
+	o.MetricsInsecure = !metricsSecure
 
 	if err := operator.Run(ctrl.SetupSignalHandler(), ctrl.GetConfigOrDie(), o); err != nil {
 		setup.Error(err, "operator stopped with an error")

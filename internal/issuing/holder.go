@@ -90,6 +90,7 @@ func settleHolder(v *view, d *Decision) map[string]locksv1.LockGrantStatus {
 		return nil
 	}
 	v.st.Holder = nil
+	v.endedAt = holderEndedAt(phase, h, lg, in.Now)
 	switch phase {
 	case locksv1.PhaseExpired:
 		d.Counts.Expiries++
@@ -119,4 +120,34 @@ func renew(v *view, h *locksv1.Holder, lg *locksv1.LockGrant) {
 		h.ExpiresAt = metav1.NewMicroTime(renewed)
 	}
 	h.ObservedRenewals = lg.Spec.Renewals
+}
+
+// holderEndedAt estimates when a holder's grant ended, for the handoff time:
+// an expiry at expiresAt, a deletion at its deletionTimestamp, a release at
+// the LockGrant's last write (managedFields, whole seconds); a revocation, or
+// anything unknown, when the issuer sees it. Never after now.
+func holderEndedAt(phase locksv1.LockGrantPhase, h *locksv1.Holder, lg *locksv1.LockGrant, now time.Time) time.Time {
+	at := now
+	switch {
+	case phase == locksv1.PhaseExpired:
+		at = h.ExpiresAt.Time
+	case lg == nil:
+	case lg.DeletionTimestamp != nil:
+		at = lg.DeletionTimestamp.Time
+	case phase == locksv1.PhaseReleased:
+		for _, f := range lg.ManagedFields {
+			if f.Time != nil && (at.Equal(now) || f.Time.After(at)) {
+				at = f.Time.Time
+			}
+		}
+	}
+	if at.After(now) {
+		return now
+	}
+	return at
+}
+
+// sinceNonNegative is now-t, or 0 when t is later (clocks of two machines).
+func sinceNonNegative(now, t time.Time) time.Duration {
+	return max(now.Sub(t), 0)
 }

@@ -58,6 +58,9 @@ type GrantStatus struct {
 // Counts are what the decision did, for metrics.
 type Counts struct {
 	Issued, Handoffs, Expiries, Releases, Revocations int
+	// Waited is the issued grant's time since its request; HandoffGap the
+	// time since the previous holder ended (when Handoffs > 0).
+	Waited, HandoffGap time.Duration
 }
 
 // Decision is the next registry status (one compare-and-swap) and the
@@ -91,6 +94,8 @@ type view struct {
 	served map[string]string // requestID -> the LockGrant served for it
 	st     locksv1.FencedResourceStatus
 	lease  time.Duration
+	// endedAt is when the holder's grant ended, when settleHolder ended it.
+	endedAt time.Time
 }
 
 // Decide computes the next registry state. Invariants it keeps, whatever the

@@ -89,10 +89,12 @@ func issueToHead(v *view, d *Decision, handoff bool) error {
 	st.FenceToken = fence
 	st.BackendRevision = fr.ResourceVersion
 	d.Counts.Issued++
+	d.Counts.Waited = sinceNonNegative(in.Now, head.CreationTimestamp.Time)
 	d.IssuedTo = head.Name
 	reason, note := "Issued", fmt.Sprintf("fence %d issued to %s (lease %s)", fence, h.Owner, h.Lease)
 	if handoff {
 		d.Counts.Handoffs++
+		d.Counts.HandoffGap = sinceNonNegative(in.Now, v.endedAt)
 		reason, note = "HandedOff", fmt.Sprintf("handed off to %s with fence %d", h.Owner, fence)
 	}
 	d.Events = append(d.Events, Event{string(head.UID), "Normal", reason, note})

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -35,6 +36,12 @@ type Options struct {
 	Namespace string
 	// MetricsAddr and ProbeAddr are listen addresses ("0" disables).
 	MetricsAddr, ProbeAddr string
+	// MetricsInsecure serves metrics over plain HTTP to anyone who can reach
+	// the port; by default they are HTTPS and need a token allowed to get /metrics.
+	MetricsInsecure bool
+	// MetricsCertDir holds tls.crt and tls.key for the metrics endpoint;
+	// empty: a self-signed certificate generated at start.
+	MetricsCertDir string
 	// LeaderElect: only the leader issues; each new leader starts an epoch.
 	LeaderElect bool
 	// WebhookHost and WebhookPort are where the webhook server listens.
@@ -69,6 +76,26 @@ type Options struct {
 	ProtectedKinds []schema.GroupVersionResource
 }
 
+// The metrics endpoint's authentication and authorization filter.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// MetricsOptions configure the metrics endpoint. Secure: HTTPS (HTTP/2 off),
+// and every scrape's bearer token is checked by the API server: a TokenReview
+// authenticates it and a SubjectAccessReview must allow `get` on the
+// non-resource URL /metrics (the metrics-reader ClusterRole grants it). The
+// operator therefore needs to create both reviews (RBAC just above).
+func MetricsOptions(addr string, secure bool, certDir string) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: addr}
+	if secure {
+		o.SecureServing = true
+		o.FilterProvider = filters.WithAuthenticationAndAuthorization
+		o.CertDir = certDir
+		o.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+	return o
+}
+
 // Run runs the operator against cfg until ctx ends.
 func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if o.Namespace == "" {
@@ -90,7 +117,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        locksv1.Scheme,
 		Cache:                         controllers.CacheOptions(o.Namespace),
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		Metrics:                       MetricsOptions(o.MetricsAddr, !o.MetricsInsecure, o.MetricsCertDir),
 		HealthProbeBindAddress:        o.ProbeAddr,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              locksv1.LeaderElectionID,

@@ -31,9 +31,11 @@ func TestInstallYAMLIsCurrent(t *testing.T) {
 	}
 	compare(t, "config/default for "+img, parse(t, renderKustomize(t, root, img, "")), "dist/install.yaml", parse(t, committed))
 	copies := map[string]string{
-		"config/webhook/manifests.yaml": "dist/chart/files/webhooks.yaml",
+		"config/webhook/manifests.yaml":   "dist/chart/files/webhooks.yaml",
+		"config/prometheus/rules.yaml":    "dist/chart/files/prometheus-rules.yaml",
+		"config/grafana/fencekeeper.json": "dist/chart/files/grafana-dashboard.json",
 	}
-	for _, f := range []string{"role.yaml", "leader_election_role.yaml", "lockgrant_requester_role.yaml", "fencedresource_admin_role.yaml"} {
+	for _, f := range []string{"role.yaml", "leader_election_role.yaml", "lockgrant_requester_role.yaml", "fencedresource_admin_role.yaml", "metrics_reader_role.yaml"} {
 		copies["config/rbac/"+f] = "dist/chart/files/rbac/" + f
 	}
 	crds, err := filepath.Glob(filepath.Join(root, "config", "crd", "bases", "*.yaml"))
@@ -203,17 +205,31 @@ func TestChartValues(t *testing.T) {
 		}
 	})
 
-	t.Run("ServiceMonitor and NetworkPolicy are off by default and on by value", func(t *testing.T) {
+	t.Run("monitoring objects and NetworkPolicy are off by default and on by value", func(t *testing.T) {
 		defaults := parse(t, renderChart(t, root))
-		on := parse(t, renderChart(t, root, "serviceMonitor.enabled=true", "networkPolicy.enabled=true"))
-		for _, k := range []string{"ServiceMonitor fencekeeper-system/fencekeeper-metrics", "Service fencekeeper-system/fencekeeper-metrics",
-			"NetworkPolicy fencekeeper-system/fencekeeper-controller-manager"} {
+		on := parse(t, renderChart(t, root, "serviceMonitor.enabled=true", "networkPolicy.enabled=true",
+			"prometheusRule.enabled=true", "grafanaDashboard.enabled=true",
+			"serviceMonitor.prometheusServiceAccount.name=prometheus", "serviceMonitor.prometheusServiceAccount.namespace=monitoring"))
+		for _, k := range []string{"ServiceMonitor fencekeeper-system/fencekeeper-metrics",
+			"NetworkPolicy fencekeeper-system/fencekeeper-controller-manager", "PrometheusRule fencekeeper-system/fencekeeper",
+			"ConfigMap fencekeeper-system/fencekeeper-grafana-dashboard", "ClusterRoleBinding /fencekeeper-metrics-reader"} {
 			if has(defaults, k) {
 				t.Errorf("default values render %s", k)
 			}
 			if !has(on, k) {
 				t.Errorf("enabled values do not render %s", k)
 			}
+		}
+		// The metrics Service is part of every install (config/default has it too).
+		for _, k := range []string{"Service fencekeeper-system/fencekeeper-metrics", "ClusterRole /fencekeeper-metrics-reader"} {
+			if !has(defaults, k) {
+				t.Errorf("default values do not render %s", k)
+			}
+		}
+		sm := find(t, on, "ServiceMonitor fencekeeper-system/fencekeeper-metrics")
+		ep := sm["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
+		if ep["scheme"] != "https" || ep["bearerTokenFile"] == nil {
+			t.Errorf("ServiceMonitor endpoint %v: want scheme https and a bearer token", ep)
 		}
 	})
 }
@@ -230,7 +246,7 @@ func toStrings(v any) []string {
 // `kubectl apply --dry-run=server` to the embedded control plane: the API
 // server validates each against its schema (strict field validation) and
 // admission, without persisting. cert-manager's Certificate and Issuer and
-// the Prometheus Operator's ServiceMonitor are stand-in CRDs from testdata
+// the Prometheus Operator's ServiceMonitor and PrometheusRule are stand-in CRDs from testdata
 // (their names and kinds are checked, not their specs).
 func TestServerSideDryRun(t *testing.T) {
 	root := repoRoot(t)
@@ -249,7 +265,9 @@ func TestServerSideDryRun(t *testing.T) {
 		{"config/default in locks-ops", "locks-ops", renderKustomize(t, root, img, "locks-ops")},
 		{"dist/chart with every option in chart-ops", "chart-ops", renderChart(t, root, "namespace.name=chart-ops", "namespace.create=false",
 			"serviceMonitor.enabled=true", "networkPolicy.enabled=true", "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus",
-			"protectedKinds[0].group=apps", "protectedKinds[0].version=v1", "protectedKinds[0].resource=deployments", "priorityClassName=system-cluster-critical")},
+			"protectedKinds[0].group=apps", "protectedKinds[0].version=v1", "protectedKinds[0].resource=deployments", "priorityClassName=system-cluster-critical",
+			"prometheusRule.enabled=true", "grafanaDashboard.enabled=true",
+			"serviceMonitor.prometheusServiceAccount.name=prometheus", "serviceMonitor.prometheusServiceAccount.namespace=chart-ops")},
 		{"dist/chart self-signed", "", renderChart(t, root, "certificates.mode=self-signed")},
 	}
 
