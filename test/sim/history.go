@@ -148,7 +148,7 @@ var registerModel = (&porcupine.NondeterministicModel{
 		case outcomeRejected:
 			return []any{s}
 		case outcomeUnknown: // it may or may not have taken effect
-			if in.Valid && follows(s, w) {
+			if in.Valid && (follows(s, w) || recreatesAfterLostDelete(s, in)) {
 				return []any{s, w}
 			}
 			return []any{s}
@@ -156,7 +156,7 @@ var registerModel = (&porcupine.NondeterministicModel{
 			if in.Valid && follows(s, w) {
 				return []any{w}
 			}
-			if in.Valid && in.AfterLostDelete && s.Absent && w.Segment == 1 {
+			if in.Valid && recreatesAfterLostDelete(s, in) {
 				return []any{w}
 			}
 			if in.Valid && w == (registerState{}) && s.Fence == 0 {
@@ -186,6 +186,13 @@ var registerModel = (&porcupine.NondeterministicModel{
 		return fmt.Sprintf("write fence %d seg %d -> %d", in.Value.Fence, in.Value.Segment, out.Outcome)
 	},
 }).ToModel()
+
+// recreatesAfterLostDelete: a first segment re-creating the object after a
+// registry restore took back the record of its deletion starts over from the
+// restored registry (docs/security.md, Known limits), whatever the answer.
+func recreatesAfterLostDelete(s registerState, in registerInput) bool {
+	return in.AfterLostDelete && s.Absent && in.Value.Segment == 1
+}
 
 // deleteStep: an accepted delete makes the object absent, keeping its
 // fence state; a refused one changes nothing.

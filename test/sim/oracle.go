@@ -47,6 +47,10 @@ type oracle struct {
 	trustedLog []oracleReceipt
 	// written is every segment the object stored, by fence/segment/operation.
 	written map[string]writtenSegment
+	// lostWritten holds the segments of incarnations the registry forgot: a
+	// re-creation after a restore took back the deletion record starts its
+	// segments over, so the same fence/segment/operation may come again.
+	lostWritten map[string]writtenSegment
 	// deletedMemoryLost: the object is deleted and a registry restore took
 	// back the entry's record of it (status.deletedTarget), the only memory
 	// of a deleted target (docs/security.md, "Known limits").
@@ -80,7 +84,7 @@ type oracleRegistry struct {
 func (o oracleRegistry) clone() oracleRegistry { return o }
 
 func newOracle(w *world) *oracle {
-	return &oracle{w: w, issued: map[string]issuedGrant{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}}
+	return &oracle{w: w, issued: map[string]issuedGrant{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}}
 }
 
 // Kinds of violation; each has its counter in Counters.
@@ -302,6 +306,10 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 		// from what the restored registry holds (staleness and authentication
 		// against it are still judged above).
 		res.DeletedMemoryLostWrites++
+		for k, v := range o.written {
+			o.lostWritten[k] = v
+		}
+		clear(o.written)
 	case !o.acceptedAny:
 		if seg != 1 {
 			o.violation(vSkippedSegment, "%s accepted as the object's first write", what)
@@ -478,9 +486,15 @@ func (o *oracle) receiptLogExtended(old, obj map[string]any, e *oracleEnvelope) 
 // unknownResolved checks a client's resolution of a MUTATION_UNKNOWN against
 // what the object really stored when the client read it (at tick read).
 func (o *oracle) unknownResolved(want fence.Receipt, outcome lockclient.Resolution, read int64) {
-	seg, stored := o.written[segmentKey(want.Fence, want.Segment, want.Operation)]
+	key := segmentKey(want.Fence, want.Segment, want.Operation)
+	seg, stored := o.written[key]
 	stored = stored && seg.tick <= read
+	lost, inLost := o.lostWritten[key]
 	switch {
+	case outcome == lockclient.ProvenAbsent && !stored && inLost && lost.tick <= read:
+		// The same segment landed in an incarnation the registry forgot; the
+		// re-created object cannot show it (docs/security.md, "Known limits").
+		o.w.res.DeletedMemoryLostWrites++
 	case outcome == lockclient.Applied && (!stored || seg.payload != want.Payload):
 		o.violation(vUnknownMisresolved, "fence %d segment %d resolved as applied, but the object never stored it", want.Fence, want.Segment)
 	case outcome == lockclient.ProvenAbsent && stored && o.deletedMemoryLost:
