@@ -64,9 +64,10 @@ api-docs: manifests ## Regenerate docs/api-reference.md from the CRDs (go test .
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml: import rules, vet, staticcheck, errcheck, gocyclo...).
 	$(GOLANGCI_LINT) run ./...
 
+# git status, not git diff: a newly generated file is untracked, not modified.
 .PHONY: verify-generated
 verify-generated: manifests generate ## Fail if generated files are out of date.
-	@git diff --quiet -- config api || { git --no-pager diff --stat -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- config api)" || { git status --short -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }
 
 .PHONY: test
 test: control-plane manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
