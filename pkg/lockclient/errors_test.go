@@ -25,7 +25,9 @@ func webhookDenial(msg string, causes ...metav1.StatusCause) error {
 
 func TestAsDenialReadsTheVerdictAsData(t *testing.T) {
 	receipt := "sha256:" + fmt.Sprintf("%064x", 7)
-	verdict := func(v fence.Verdict) metav1.StatusCause { return metav1.StatusCause{Type: fence.CauseVerdict, Message: string(v)} }
+	verdict := func(v fence.Verdict) metav1.StatusCause {
+		return metav1.StatusCause{Type: fence.CauseVerdict, Message: string(v)}
+	}
 
 	d, ok := lockclient.AsDenial(webhookDenial("STALE_OWNER: fence 3 is below 4", verdict(fence.StaleOwner)))
 	if !ok || d.Verdict != fence.StaleOwner || d.Message != "STALE_OWNER: fence 3 is below 4" || !errors.Is(d, lockclient.ErrStaleOwner) {

@@ -42,7 +42,7 @@ var _ = Describe("the failure matrix on the real control plane", func() {
 		crashy := startOperator("crashy-handoff", issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
 			return &failGrantStatusWrites{Client: c, failed: &crashed}
 		}})
-		DeferCleanup(crashy.stop) // also when the spec fails before stopping it
+		DeferCleanup(crashy.stop)     // also when the spec fails before stopping it
 		crashy.step(21 * time.Second) // past a's lease, extended by one lease at the takeover
 		Eventually(func() string {
 			if h := getFR(ns, "batch").Status.Holder; h != nil {

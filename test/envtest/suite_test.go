@@ -138,8 +138,8 @@ func startWebhookServer() {
 
 // operator is one running issuer (a manager with its own cache).
 type operator struct {
-	issuer *controllers.Issuer
-	clock  *clocktesting.FakeClock
+	issuer  *controllers.Issuer
+	clock   *clocktesting.FakeClock
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
 	stopped atomic.Bool
