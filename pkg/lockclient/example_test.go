@@ -159,7 +159,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		defer op.Stop()
+		defer func() { _ = op.Stop() }()
 		if err := setUpExamples(ctx, cp); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
