@@ -17,6 +17,9 @@ HELM_VERSION ?= v3.22.0
 HELM ?= $(CURDIR)/bin/tools/helm-$(HELM_VERSION)
 # helm template checks the chart's kubeVersion against this, not a cluster.
 HELM_KUBE_VERSION ?= 1.31.0
+# golangci-lint is built the same way (once, outside go.mod; version in the file name).
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT ?= $(CURDIR)/bin/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CONTROLLER_GEN := go tool controller-gen
 KUBEBUILDER_ASSETS ?= $(CURDIR)/bin/k8s
 export KUBEBUILDER_ASSETS
@@ -57,9 +60,14 @@ control-plane: ## Build etcd and kube-apiserver into bin/k8s (no-op when present
 api-docs: manifests ## Regenerate docs/api-reference.md from the CRDs (go test ./internal/apidocs checks it is current).
 	go test ./internal/apidocs -count=1 -run TestReferenceIsCurrent -update
 
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml: import rules, vet, staticcheck, errcheck, gocyclo...).
+	$(GOLANGCI_LINT) run ./...
+
+# git status, not git diff: a newly generated file is untracked, not modified.
 .PHONY: verify-generated
 verify-generated: manifests generate ## Fail if generated files are out of date.
-	@git diff --quiet -- config api || { git --no-pager diff --stat -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- config api)" || { git status --short -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }
 
 .PHONY: test
 test: control-plane manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
@@ -114,6 +122,14 @@ build-installer: manifests ## Write dist/install.yaml for IMG and copy the gener
 $(HELM):
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && GOBIN=$$tmp go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && \
 	mkdir -p $(dir $(HELM)) && mv $$tmp/helm $(HELM)
+
+$(GOLANGCI_LINT):
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	GOBIN=$$tmp go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && \
+	mkdir -p $(dir $(GOLANGCI_LINT)) && mv $$tmp/golangci-lint $(GOLANGCI_LINT)
+
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Build golangci-lint $(GOLANGCI_LINT_VERSION) into bin/tools (once).
 
 .PHONY: helm
 helm: $(HELM) ## Build helm $(HELM_VERSION) into bin/tools (once).

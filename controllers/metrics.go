@@ -1,7 +1,6 @@
 package controllers
 
 import (
-
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 

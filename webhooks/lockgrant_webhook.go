@@ -339,7 +339,7 @@ func userMetadata(m *metav1.ObjectMeta, terminating bool) metav1.ObjectMeta {
 	c := *m.DeepCopy()
 	c.ResourceVersion, c.Generation, c.ManagedFields = "", 0, nil
 	c.DeletionTimestamp, c.DeletionGracePeriodSeconds = nil, nil
-	c.CreationTimestamp, c.UID, c.SelfLink = metav1.Time{}, "", ""
+	c.CreationTimestamp, c.UID, c.SelfLink = metav1.Time{}, "", "" //nolint:staticcheck // SA1019: a client may still send selfLink; it is not the client's metadata
 	if terminating {
 		c.Finalizers = slices.DeleteFunc(c.Finalizers, func(f string) bool {
 			return f == metav1.FinalizerOrphanDependents || f == metav1.FinalizerDeleteDependents

@@ -30,8 +30,9 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
-// ProtectedPath is where the acceptance webhook is served.
-const ProtectedPath = "/validate-fencekeeper-protected"
+// ProtectedPath is where the acceptance webhook is served (its home is
+// api/v1alpha1, so the kubectl plugin need not import this package).
+const ProtectedPath = locksv1.ProtectedWebhookPath
 
 // Two entries of the configuration call the acceptance webhook (see
 // docs/security.md, "What is protected"). vprotected sees every labelled

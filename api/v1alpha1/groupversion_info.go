@@ -18,7 +18,7 @@ var (
 	// SchemeBuilder registers the API's types. It is initialized with them
 	// (not from init functions) so that Scheme, a package variable built from
 	// it, always knows them.
-	SchemeBuilder = (&scheme.Builder{GroupVersion: GroupVersion}).
+	SchemeBuilder = (&scheme.Builder{GroupVersion: GroupVersion}). //nolint:staticcheck // SA1019: the kubebuilder layout; controller-runtime is already a dependency of every importer
 			Register(&FencedResource{}, &FencedResourceList{}, &LockGrant{}, &LockGrantList{})
 
 	// AddToScheme adds the types in this group-version to the given scheme.

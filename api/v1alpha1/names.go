@@ -41,6 +41,9 @@ const (
 	AnnotationVerifierRevokedBelow = "fencekeeper.dev/revoked-below-epoch"
 	// WebhookConfigurationName is the ValidatingWebhookConfiguration of the installation.
 	WebhookConfigurationName = "fencekeeper-validating-webhook-configuration"
+	// ProtectedWebhookPath is where the protected-object (acceptance) webhook
+	// is served; the plugin's audit looks for it in the configuration.
+	ProtectedWebhookPath = "/validate-fencekeeper-protected"
 	// LeaderElectionID names the leader-election Lease: its holder is the issuer.
 	LeaderElectionID = "issuer.locks.fencekeeper.dev"
 	// LockGrantResourceField is LockGrant's selectable field (and the

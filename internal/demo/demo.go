@@ -50,19 +50,19 @@ const (
 
 // Main starts the embedded control plane and the operator, plays the story
 // and stops everything.
-func Main(ctx context.Context, out io.Writer) error {
+func Main(ctx context.Context, out io.Writer) (err error) {
 	start := time.Now()
 	fmt.Fprintln(out, "Starting the embedded control plane (etcd, kube-apiserver) and the fencekeeper operator…")
 	cp, err := localcp.Start(ctx, localcp.Options{})
 	if err != nil {
 		return err
 	}
-	defer cp.Stop()
+	defer func() { err = errors.Join(err, cp.Stop()) }()
 	op, err := cp.RunOperator(ctx, operator.Options{})
 	if err != nil {
 		return err
 	}
-	defer op.Stop()
+	defer func() { err = errors.Join(err, op.Stop()) }()
 	fmt.Fprintf(out, "Ready in %.1fs: the operator issues grants and its webhooks are installed.\n\n", time.Since(start).Seconds())
 	return Run(ctx, out, cp)
 }

@@ -19,7 +19,6 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
-	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 // auditRow is one protected object (or one FencedResource target) and what
@@ -138,8 +137,8 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 	for _, c := range cfgs.Items {
 		protects := false
 		for _, w := range c.Webhooks {
-			if w.ClientConfig.Service != nil && w.ClientConfig.Service.Path != nil && *w.ClientConfig.Service.Path == webhooks.ProtectedPath ||
-				w.ClientConfig.URL != nil && strings.HasSuffix(*w.ClientConfig.URL, webhooks.ProtectedPath) {
+			if w.ClientConfig.Service != nil && w.ClientConfig.Service.Path != nil && *w.ClientConfig.Service.Path == locksv1.ProtectedWebhookPath ||
+				w.ClientConfig.URL != nil && strings.HasSuffix(*w.ClientConfig.URL, locksv1.ProtectedWebhookPath) {
 				hooks = append(hooks, w)
 				protects = true
 			}

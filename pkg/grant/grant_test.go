@@ -83,11 +83,12 @@ func TestVerifyFailsAfterAnyFieldChanges(t *testing.T) {
 		f := reflect.ValueOf(&g).Elem().Field(i)
 		switch f.Kind() {
 		case reflect.String:
-			if name == "OperationRoot" {
+			switch name {
+			case "OperationRoot":
 				f.SetString("sha256:" + strings.Repeat("cd", 32))
-			} else if name == "IssuedAt" {
+			case "IssuedAt":
 				f.SetString("2026-07-19T10:00:01Z")
-			} else {
+			default:
 				f.SetString(f.String() + "x")
 			}
 		case reflect.Int64:

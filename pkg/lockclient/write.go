@@ -252,7 +252,7 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 			var fr locksv1.FencedResource
 			key := types.NamespacedName{Namespace: op.lock.key.Namespace, Name: op.lock.resource}
 			if gerr := op.lock.c.kube.Get(ctx, key, &fr); gerr != nil {
-				err = gerr
+				// The registry cannot be read: the write stays unknown.
 				out = Undeterminable
 			} else {
 				g, _ := op.lock.Grant()

@@ -338,10 +338,10 @@ func (s *subprocess) Stop() error {
 	default:
 		_ = s.cmd.Process.Signal(os.Interrupt)
 		select {
-		case <-s.done:
+		case <-s.done: //nolint:errcheck // the exit status of an interrupted process says nothing
 		case <-time.After(15 * time.Second):
 			_ = s.cmd.Process.Kill()
-			<-s.done
+			<-s.done //nolint:errcheck // nor that of a killed one
 		}
 	}
 	_ = s.logFile.Close()

@@ -251,24 +251,25 @@ func (r *rawLease) acquire(ctx context.Context, watching chan<- struct{}) (*coor
 			now := metav1.NowMicro()
 			next.Spec.AcquireTime = &now
 			r.attempts++
-			got, err := leases.Update(ctx, next, metav1.UpdateOptions{})
-			if err == nil {
+			// uerr, not err: the Get below must set the loop's err.
+			got, uerr := leases.Update(ctx, next, metav1.UpdateOptions{})
+			if uerr == nil {
 				if watching != nil {
 					close(watching)
 				}
 				return got, nil
 			}
-			if !apierrors.IsConflict(err) {
-				return nil, err
+			if !apierrors.IsConflict(uerr) {
+				return nil, uerr
 			}
 			r.conflicts++
 			cur, err = leases.Get(ctx, r.name, metav1.GetOptions{})
 			continue
 		}
-		w, err := leases.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", r.name).String(),
+		w, werr := leases.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", r.name).String(),
 			ResourceVersion: cur.ResourceVersion})
-		if err != nil {
-			return nil, err
+		if werr != nil {
+			return nil, werr
 		}
 		if watching != nil {
 			close(watching)

@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "the HA test needs the embedded control plane:", err)
 			return 1
 		}
-		defer cp.Stop()
+		defer func() { _ = cp.Stop() }()
 		return m.Run()
 	}()
 	os.Exit(code)

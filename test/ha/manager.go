@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
 // replica is one manager process.
@@ -38,7 +40,7 @@ func (r *replica) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(r.bin, "--leader-elect", "--namespace=fencekeeper-system",
+	cmd := exec.Command(r.bin, "--leader-elect", "--namespace="+locksv1.DefaultNamespace,
 		"--webhook-port="+strconv.Itoa(r.port), "--self-signed-certs", "--webhook-hosts=127.0.0.1,localhost",
 		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--webhook-cert-sync-interval=5s")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+r.kubecfg, "GOMEMLIMIT=256MiB")

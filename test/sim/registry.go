@@ -380,7 +380,7 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 	case *corev1.Namespace:
 		// The webhook reads the namespace to recognise a teardown.
 		if key.Name == namespace {
-			*o = corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: map[string]string{"fencekeeper.dev/enrolled": "true"}}}
+			*o = corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: map[string]string{locksv1.LabelEnrolledNamespace: "true"}}}
 			if a.r.w.terminating {
 				o.DeletionTimestamp = &metav1.Time{Time: a.r.w.now}
 			}
