@@ -64,7 +64,7 @@ func NewIssuer(c client.Client, reader client.Reader, namespace string, clk cloc
 	}
 }
 
-// NeedLeaderElection: only the leader issues, and taking the lead is what starts a new epoch.
+// NeedLeaderElection is true: only the leader issues, and taking the lead is what starts a new epoch.
 func (i *Issuer) NeedLeaderElection() bool { return true }
 
 // Start prepares the issuer and then waits for ctx to end.

@@ -43,7 +43,7 @@ func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // Reconcile loads the bundle into the issuer and moves a key rotation on by
 // one step (the rotation request ConfigMap maps here too).
-func (r *TrustBundleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *TrustBundleReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	if err := r.Issuer.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}

@@ -167,7 +167,7 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 			return admission.Errored(http.StatusServiceUnavailable, err)
 		}
 	}
-	return v.respond(ctx, r, fr, st, d)
+	return v.respond(r, fr, st, d)
 }
 
 // notProtected is the verdict label of writes to objects that are nobody's target.
@@ -405,7 +405,7 @@ func (v *ProtectedObjectValidator) allowTeardown(r *request, fr *locksv1.FencedR
 const namespaceTeardown = "NAMESPACE_TEARDOWN"
 
 // respond applies the enforcement mode, records the decision and answers.
-func (v *ProtectedObjectValidator) respond(ctx context.Context, r *request, fr *locksv1.FencedResource, stored fence.State, d fence.Decision) admission.Response {
+func (v *ProtectedObjectValidator) respond(r *request, fr *locksv1.FencedResource, stored fence.State, d fence.Decision) admission.Response {
 	mode := fr.Spec.Enforcement
 	if mode == "" {
 		mode = locksv1.EnforcementShadow
@@ -518,7 +518,7 @@ func checkReceiptLog(d fence.Decision, stored fence.State, newObj *unstructured.
 
 // changed reports whether an update changes anything but server-managed metadata.
 func changed(oldObj, newObj *unstructured.Unstructured) bool {
-	a, b := comparable(oldObj), comparable(newObj)
+	a, b := withoutBookkeeping(oldObj), withoutBookkeeping(newObj)
 	if newObj.GetDeletionTimestamp() != nil && len(newObj.GetFinalizers()) < len(oldObj.GetFinalizers()) {
 		// Finishing a deletion (a controller dropping its finalizer) needs no
 		// fence: the deletion itself was fenced.
@@ -528,7 +528,7 @@ func changed(oldObj, newObj *unstructured.Unstructured) bool {
 	return !reflect.DeepEqual(a, b)
 }
 
-func comparable(u *unstructured.Unstructured) map[string]any {
+func withoutBookkeeping(u *unstructured.Unstructured) map[string]any {
 	c := u.DeepCopy().Object
 	if md, ok := c["metadata"].(map[string]any); ok {
 		for _, k := range []string{"resourceVersion", "generation", "managedFields", "uid", "creationTimestamp", "selfLink"} {

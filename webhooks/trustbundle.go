@@ -122,7 +122,7 @@ type VerifierReporter struct {
 	Interval time.Duration
 }
 
-// NeedLeaderElection: every replica verifies, so every replica reports.
+// NeedLeaderElection is false: every replica verifies, so every replica reports.
 func (r *VerifierReporter) NeedLeaderElection() bool { return false }
 
 // Start reports until ctx ends.

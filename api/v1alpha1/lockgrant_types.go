@@ -11,17 +11,17 @@ import (
 type LockGrantPhase string
 
 const (
-	// PhasePending: queued, FIFO by arrival.
+	// PhasePending is a request queued, FIFO by arrival.
 	PhasePending LockGrantPhase = "Pending"
-	// PhaseHeld: the grant is the resource's current holder.
+	// PhaseHeld is the resource's current holder.
 	PhaseHeld LockGrantPhase = "Held"
-	// PhaseExpired: no renewal arrived before expiresAt (judged by the issuer's clock).
+	// PhaseExpired is a grant whose renewal did not arrive before expiresAt (judged by the issuer's clock).
 	PhaseExpired LockGrantPhase = "Expired"
-	// PhaseReleased: voluntarily released (spec.release or deletion).
+	// PhaseReleased is a grant released voluntarily (spec.release or deletion).
 	PhaseReleased LockGrantPhase = "Released"
-	// PhaseRevoked: issued under an issuer epoch that the trust bundle revoked.
+	// PhaseRevoked is a grant issued under an issuer epoch that the trust bundle revoked.
 	PhaseRevoked LockGrantPhase = "Revoked"
-	// PhaseDenied: the request can never be served (policy or duplicate request).
+	// PhaseDenied is a request that can never be served (policy or duplicate request).
 	PhaseDenied LockGrantPhase = "Denied"
 )
 

@@ -12,7 +12,7 @@ import (
 type Action string
 
 const (
-	// ActionNone: the Secret is good as it is.
+	// ActionNone leaves the Secret as it is: it is good.
 	ActionNone Action = "None"
 	// ActionReset replaces an unreadable Secret or an expired CA with a new
 	// CA and leaf (webhooks fail closed until the caBundle is patched).

@@ -26,7 +26,8 @@ const (
 	// breaks it and is the operator's alone (kubectl fence keys rotate asks
 	// the operator). It never allows touching the signing key or the epoch
 	// record, a delete, a create or lowering an epoch.
-	TrustAnchorResource   = "trustanchors"
+	TrustAnchorResource = "trustanchors"
+	// TrustAnchorRotateVerb is the break-glass verb on TrustAnchorResource.
 	TrustAnchorRotateVerb = "rotate"
 )
 

@@ -188,45 +188,46 @@ func (g *AdmissionGuard) identity(ctx context.Context) (string, error) {
 
 func (g *AdmissionGuard) ensurePolicy(ctx context.Context, want *admissionregistrationv1.ValidatingAdmissionPolicy) error {
 	var got admissionregistrationv1.ValidatingAdmissionPolicy
-	err := g.client.Get(ctx, client.ObjectKeyFromObject(want), &got)
-	switch {
-	case apierrors.IsNotFound(err):
-		if err := g.client.Create(ctx, want.DeepCopy()); err != nil {
-			return fmt.Errorf("create ValidatingAdmissionPolicy %s: %w", want.Name, err)
+	return g.ensure(ctx, want, &got, "ValidatingAdmissionPolicy", "policy", &g.policySeen, func() bool {
+		if !PolicyDrifted(want.Spec, got.Spec) {
+			return false
 		}
-		g.created(ctx, want, g.policySeen, "policy")
-	case err != nil:
-		return fmt.Errorf("read ValidatingAdmissionPolicy %s: %w", want.Name, err)
-	case PolicyDrifted(want.Spec, got.Spec):
 		got.Spec = want.Spec
-		if err := g.client.Update(ctx, &got); err != nil {
-			return fmt.Errorf("restore ValidatingAdmissionPolicy %s: %w", want.Name, err)
-		}
-		g.restoredPolicy(ctx, &got, "changed")
-	}
-	g.policySeen = true
-	return nil
+		return true
+	})
 }
 
 func (g *AdmissionGuard) ensureBinding(ctx context.Context, want *admissionregistrationv1.ValidatingAdmissionPolicyBinding) error {
 	var got admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	err := g.client.Get(ctx, client.ObjectKeyFromObject(want), &got)
+	return g.ensure(ctx, want, &got, "ValidatingAdmissionPolicyBinding", "binding", &g.bindingSeen, func() bool {
+		if !BindingDrifted(want.Spec, got.Spec) {
+			return false
+		}
+		got.Spec = want.Spec
+		return true
+	})
+}
+
+// ensure keeps one trust-anchor object as installed: it creates want when
+// it is absent, and when restore finds the stored got drifted (and puts
+// want's spec into it) it writes got back.
+func (g *AdmissionGuard) ensure(ctx context.Context, want, got client.Object, kind, what string, seen *bool, restore func() bool) error {
+	err := g.client.Get(ctx, client.ObjectKeyFromObject(want), got)
 	switch {
 	case apierrors.IsNotFound(err):
-		if err := g.client.Create(ctx, want.DeepCopy()); err != nil {
-			return fmt.Errorf("create ValidatingAdmissionPolicyBinding %s: %w", want.Name, err)
+		if err := g.client.Create(ctx, want.DeepCopyObject().(client.Object)); err != nil {
+			return fmt.Errorf("create %s %s: %w", kind, want.GetName(), err)
 		}
-		g.created(ctx, want, g.bindingSeen, "binding")
+		g.created(ctx, want, *seen, what)
 	case err != nil:
-		return fmt.Errorf("read ValidatingAdmissionPolicyBinding %s: %w", want.Name, err)
-	case BindingDrifted(want.Spec, got.Spec):
-		got.Spec = want.Spec
-		if err := g.client.Update(ctx, &got); err != nil {
-			return fmt.Errorf("restore ValidatingAdmissionPolicyBinding %s: %w", want.Name, err)
+		return fmt.Errorf("read %s %s: %w", kind, want.GetName(), err)
+	case restore():
+		if err := g.client.Update(ctx, got); err != nil {
+			return fmt.Errorf("restore %s %s: %w", kind, want.GetName(), err)
 		}
-		g.restoredPolicy(ctx, &got, "changed")
+		g.restoredPolicy(ctx, got, "changed")
 	}
-	g.bindingSeen = true
+	*seen = true
 	return nil
 }
 

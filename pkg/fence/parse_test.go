@@ -10,11 +10,11 @@ func TestParseEnvelopeStrictMembers(t *testing.T) {
 	w := newWorld(t)
 	good := w.envelope(w.grant("a", 1, rootOf('a')), 1, payload("x"))
 	intent := strings.TrimSuffix(good, "}") + `,"intent":"delete"}`
-	swap := func(s, old, new string) string {
+	swap := func(s, old, with string) string {
 		if !strings.Contains(s, old) {
 			t.Fatalf("%q is not in %s", old, s)
 		}
-		return strings.Replace(s, old, new, 1)
+		return strings.Replace(s, old, with, 1)
 	}
 	for _, c := range []struct {
 		name, s string
@@ -68,11 +68,11 @@ func TestParseEnvelopeStrictMembers(t *testing.T) {
 func TestParseReceiptsStrictMembers(t *testing.T) {
 	r := Receipt{Fence: 2, Segment: 3, Operation: "op", Payload: payload("x"), Receipt: ReceiptDigest(resourceID, 2, rootOf('a'), 3, "op", payload("x"))}
 	good := EncodeReceipts([]Receipt{r})
-	swap := func(old, new string) string {
+	swap := func(old, with string) string {
 		if !strings.Contains(good, old) {
 			t.Fatalf("%q is not in %s", old, good)
 		}
-		return strings.Replace(good, old, new, 1)
+		return strings.Replace(good, old, with, 1)
 	}
 	for _, c := range []struct{ name, s string }{
 		{"upper-case member", swap(`"fence":`, `"FENCE":`)},

@@ -13,7 +13,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
-// ErrChangedSinceIntent: the object changed between the delete-intent segment
+// ErrChangedSinceIntent says the object changed between the delete-intent segment
 // and the delete (its resourceVersion or UID no longer match), so it was not
 // deleted. Read it again and decide whether it should still go.
 var ErrChangedSinceIntent = errors.New("lockclient: the object changed after the delete intent was committed; not deleted")

@@ -20,6 +20,7 @@ import (
 // State is the worker's view of its lock (DESIGN.md, "Worker client states").
 type State string
 
+// The states of DESIGN.md, "Worker client states".
 const (
 	StateRequested        State = "REQUESTED"
 	StateHeld             State = "HELD"
@@ -443,8 +444,10 @@ func (l *Lock) Fence() int64 {
 	return g.FenceToken
 }
 
-// Name is the LockGrant's name; Resource the FencedResource's.
-func (l *Lock) Name() string     { return l.key.Name }
+// Name is the LockGrant's name.
+func (l *Lock) Name() string { return l.key.Name }
+
+// Resource is the FencedResource's name.
 func (l *Lock) Resource() string { return l.resource }
 
 // Orphan stops renewing and following the grant without releasing it (as

@@ -278,13 +278,13 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 type Resolution int
 
 const (
-	// Undeterminable: the receipt log no longer reaches back to the write.
+	// Undeterminable means the receipt log no longer reaches back to the write.
 	Undeterminable Resolution = iota
-	// Applied: the write's receipt is in the log; reuse it.
+	// Applied means the write's receipt is in the log; reuse it.
 	Applied
-	// AppliedOtherPayload: the segment was applied with a different payload.
+	// AppliedOtherPayload means the segment was applied with a different payload.
 	AppliedOtherPayload
-	// ProvenAbsent: the write never landed; it may be retried under a current fence.
+	// ProvenAbsent means the write never landed; it may be retried under a current fence.
 	ProvenAbsent
 )
 

@@ -37,11 +37,10 @@ type fault struct {
 	delay        time.Duration
 }
 
-func (f *faults) add(r *fault) *fault {
+func (f *faults) add(r *fault) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rules = append(f.rules, r)
-	return r
 }
 
 func (f *faults) heal() {

@@ -77,11 +77,11 @@ func newTarget(k protectedKind, ns, name string, mode locksv1.EnforcementMode, m
 func (t target) get() *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(t.kind.gvk)
-	if err := admin.Get(suiteCtx, client.ObjectKey{Namespace: t.ns, Name: t.name}, u); apierrors.IsNotFound(err) {
+	err := admin.Get(suiteCtx, client.ObjectKey{Namespace: t.ns, Name: t.name}, u)
+	if apierrors.IsNotFound(err) {
 		return nil
-	} else {
-		Expect(err).NotTo(HaveOccurred())
 	}
+	Expect(err).NotTo(HaveOccurred())
 	return u
 }
 

@@ -359,7 +359,7 @@ func protectionLacking(obj map[string]any) string {
 // after that grant's segment declaring the delete is the object's last
 // accepted one, or for the namespace controller emptying a terminating
 // namespace.
-func (o *oracle) judgeDelete(req *request, old map[string]any, allowed bool, verdict fence.Verdict) {
+func (o *oracle) judgeDelete(req *request, allowed bool, verdict fence.Verdict) {
 	res := o.w.res
 	res.DeleteAttempts++
 	if !allowed {

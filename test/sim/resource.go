@@ -161,7 +161,7 @@ func (s *resource) serveDelete(req *request, rp *reply) *reply {
 	resp := s.admit(admissionv1.Delete, req.user, nil)
 	rp.verdict, rp.message = verdictOf(resp)
 	s.w.res.countVerdict(rp.verdict, req.fault)
-	s.w.oracle.judgeDelete(req, old, resp.Allowed, rp.verdict)
+	s.w.oracle.judgeDelete(req, resp.Allowed, rp.verdict)
 	if !resp.Allowed {
 		rp.status = replyDenied
 		s.w.tracef("object: delete by %s DENIED %s", req.user, rp.message)

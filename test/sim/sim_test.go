@@ -99,9 +99,9 @@ func TestSeedsThatOnceFailed(t *testing.T) {
 // brokenRule lets a write through that the real acceptance point denied,
 // when allow says so: a deliberately wrong acceptance rule.
 func brokenRule(allow func(req admission.Request, verdict fence.Verdict) bool) func(AcceptFunc) AcceptFunc {
-	return func(real AcceptFunc) AcceptFunc {
+	return func(decide AcceptFunc) AcceptFunc {
 		return func(ctx context.Context, req admission.Request) admission.Response {
-			resp := real(ctx, req)
+			resp := decide(ctx, req)
 			if v, _ := verdictOf(resp); !resp.Allowed && allow(req, v) {
 				return admission.Allowed("ACCEPTED: by a broken rule")
 			}
