@@ -77,9 +77,10 @@ func TestDev(t *testing.T) {
 	if out, err := kubectl("create", "namespace", "billing"); err != nil {
 		t.Fatalf("kubectl create namespace: %v\n%s", err, out)
 	}
-	// The sample names an owner other than this user: the LockGrant webhook refuses it.
+	// The sample's FencedResource does not exist here: the LockGrant webhook
+	// refuses it with a field error (422) that kubectl shows by path.
 	out, err := kubectl("create", "-f", filepath.Join(root, "config/samples/lockgrant.yaml"), "--dry-run=server")
-	if err == nil || !strings.Contains(out, `"vlockgrant.fencekeeper.dev" denied the request`) {
+	if err == nil || !strings.Contains(out, `The LockGrant "invoice-batch-req-1" is invalid: spec.resource: Invalid value`) {
 		t.Fatalf("the LockGrant webhook did not judge the sample: err %v\n%s", err, out)
 	}
 
