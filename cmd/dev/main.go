@@ -61,7 +61,8 @@ func run(ctx context.Context, dir, metricsAddr string) error {
 		}
 	}()
 	fmt.Println("Starting the operator (self-signed webhook certificates)…")
-	op, err := cp.RunOperator(ctx, operator.Options{MetricsAddr: metricsAddr})
+	// Loopback only, as printed below: plain HTTP.
+	op, err := cp.RunOperator(ctx, operator.Options{MetricsAddr: metricsAddr, MetricsInsecure: true})
 	if err != nil {
 		return err
 	}

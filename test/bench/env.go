@@ -293,7 +293,8 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 	s.cmd = exec.Command(bin,
 		"--self-signed-certs", "--webhook-hosts=127.0.0.1,localhost",
 		"--webhook-port="+strconv.Itoa(webhookPort), "--webhook-cert-dir="+filepath.Join(dir, "certs"),
-		"--metrics-bind-address="+s.metricsAddr, "--health-probe-bind-address="+fmt.Sprintf("127.0.0.1:%d", probePort),
+		// The harness scrapes its own operator on loopback: plain HTTP.
+		"--metrics-bind-address="+s.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address="+fmt.Sprintf("127.0.0.1:%d", probePort),
 		"--webhook-configuration="+locksv1.WebhookConfigurationName,
 		fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.maxReconciles))
 	s.cmd.Env = append(os.Environ(), "KUBECONFIG="+kcPath)
@@ -361,7 +362,7 @@ func startInProcess(ctx context.Context, cp *localcp.ControlPlane, cfg *config) 
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	op, err := cp.RunOperator(ctx, operator.Options{MaxConcurrentReconciles: cfg.maxReconciles, MetricsAddr: addr})
+	op, err := cp.RunOperator(ctx, operator.Options{MaxConcurrentReconciles: cfg.maxReconciles, MetricsAddr: addr, MetricsInsecure: true})
 	if err != nil {
 		return nil, err
 	}
