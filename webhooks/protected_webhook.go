@@ -217,33 +217,10 @@ func (v *ProtectedObjectValidator) decode(req admission.Request) (*request, erro
 // the entries the object's old and new annotations name and the ones the
 // cache's target index knows.
 func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*locksv1.FencedResource, error) {
-	var names []string
-	for _, o := range []*unstructured.Unstructured{r.oldObj, r.newObj} {
-		if o != nil && r.SubResource == "" {
-			if n := o.GetAnnotations()[fence.AnnotationResource]; n != "" && !slices.Contains(names, n) {
-				names = append(names, n)
-			}
-		}
-	}
-	var indexed locksv1.FencedResourceList
 	key := locksv1.TargetKey(r.group, r.kind, r.name)
-	if err := v.Index.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetField: key}); err != nil {
-		return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
-	}
-	if len(indexed.Items) == 0 && len(names) == 0 && r.Operation == admissionv1.Create {
-		// A create the index does not know: ask the API server, so that a
-		// replica whose cache has not yet seen a new entry cannot let a
-		// stranger create its target (for instance right after its holder
-		// deleted it). Updates need no such read: an existing target either
-		// names its entry or has never been written under a grant.
-		if err := v.Reader.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetNameField: r.name}); err != nil {
-			return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
-		}
-	}
-	for _, fr := range indexed.Items {
-		if !slices.Contains(names, fr.Name) {
-			names = append(names, fr.Name)
-		}
+	names, err := v.candidates(ctx, r, key)
+	if err != nil {
+		return nil, err
 	}
 	for _, name := range names {
 		var fr locksv1.FencedResource
@@ -262,6 +239,40 @@ func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*lock
 		}
 	}
 	return nil, nil
+}
+
+// candidates names the entries that may protect the object: those its old
+// and new fencekeeper.dev/resource annotation name, and those the cache
+// indexes under its group, kind and name.
+func (v *ProtectedObjectValidator) candidates(ctx context.Context, r *request, key string) ([]string, error) {
+	var names []string
+	for _, o := range []*unstructured.Unstructured{r.oldObj, r.newObj} {
+		if o != nil && r.SubResource == "" {
+			if n := o.GetAnnotations()[fence.AnnotationResource]; n != "" && !slices.Contains(names, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	var indexed locksv1.FencedResourceList
+	if err := v.Index.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetField: key}); err != nil {
+		return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
+	}
+	if len(indexed.Items) == 0 && len(names) == 0 && r.Operation == admissionv1.Create {
+		// A create the index does not know: ask the API server, so that a
+		// replica whose cache has not yet seen a new entry cannot let a
+		// stranger create its target (for instance right after its holder
+		// deleted it). Updates need no such read: an existing target either
+		// names its entry or has never been written under a grant.
+		if err := v.Reader.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetNameField: r.name}); err != nil {
+			return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
+		}
+	}
+	for _, fr := range indexed.Items {
+		if !slices.Contains(names, fr.Name) {
+			names = append(names, fr.Name)
+		}
+	}
+	return names, nil
 }
 
 func targets(fr *locksv1.FencedResource, key string) bool {

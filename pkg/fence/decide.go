@@ -170,79 +170,124 @@ type Decision struct {
 // Decide applies DESIGN.md's acceptance rules. It never changes st for a
 // rejected attempt: the returned State is st itself unless the verdict is Accepted.
 func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decision {
-	deny := func(v Verdict, format string, args ...any) Decision {
-		return Decision{Verdict: v, Message: string(v) + ": " + fmt.Sprintf(format, args...), State: st}
-	}
+	deny := denier(st)
 	if a.Delete {
 		return decideDelete(st, a, reg, deny)
 	}
 	if !a.Changed {
 		return Decision{Verdict: Unchanged, Message: "UNCHANGED: the update changes nothing", State: st}
 	}
+	e, denied := authenticate(st, a, reg, bundle, deny)
+	if denied != nil {
+		return *denied
+	}
+	return judgeFence(st, a, reg, e, deny)
+}
 
-	// Authentication, before any fence state is read.
+// denyFunc builds a denial that leaves the stored state as it is.
+type denyFunc func(v Verdict, format string, args ...any) Decision
+
+func denier(st State) denyFunc {
+	return func(v Verdict, format string, args ...any) Decision {
+		return Decision{Verdict: v, Message: string(v) + ": " + fmt.Sprintf(format, args...), State: st}
+	}
+}
+
+// authenticate applies the authentication rules, in the contract's order,
+// before any fence state is read: it returns the envelope, or the denial.
+func authenticate(st State, a Attempt, reg Registry, bundle *grant.TrustBundle, deny denyFunc) (Envelope, *Decision) {
+	refuse := func(d Decision) (Envelope, *Decision) { return Envelope{}, &d }
 	if a.Fence == "" {
-		return deny(FenceRequired, "the write changes a protected object but carries no %s annotation", AnnotationFence)
+		return refuse(deny(FenceRequired, "the write changes a protected object but carries no %s annotation", AnnotationFence))
 	}
 	if a.Fence == st.Accepted {
-		return deny(FenceRequired, "the write changes a protected object but carries the %s annotation of the last accepted segment; every change needs a fresh segment", AnnotationFence)
+		return refuse(deny(FenceRequired, "the write changes a protected object but carries the %s annotation of the last accepted segment; every change needs a fresh segment", AnnotationFence))
 	}
 	e, err := ParseEnvelope(a.Fence)
 	if err != nil {
-		return deny(BadGrant, "%v", err)
+		return refuse(deny(BadGrant, "%v", err))
 	}
 	g := e.Grant
-	if err := bundle.Verify(g, g.Digest(), e.Proof); err != nil {
-		if errors.Is(err, grant.ErrMalformed) {
-			return withEnvelope(deny(BadGrant, "%v", err), e)
-		}
-		return withEnvelope(deny(ForgedGrant, "%v", err), e)
+	var d Decision
+	switch err := bundle.Verify(g, g.Digest(), e.Proof); {
+	case errors.Is(err, grant.ErrMalformed):
+		d = deny(BadGrant, "%v", err)
+	case err != nil:
+		d = deny(ForgedGrant, "%v", err)
+	case !reg.Found:
+		d = deny(WrongResource, "%s", reg.missing())
+	case g.Resource != reg.ResourceID:
+		d = deny(WrongResource, "the grant is for resource %q, this object is %q", g.Resource, reg.ResourceID)
+	case a.User != g.Owner:
+		d = deny(WrongOwner, "the grant belongs to %q, the request comes from %q", g.Owner, a.User)
+	case bundle.Revoked(g.IssuerEpoch):
+		d = deny(RevokedEpoch, "the grant was issued under epoch %d; epochs below %d are revoked", g.IssuerEpoch, bundle.RevokedBelowEpoch)
+	case e.Payload != a.Payload:
+		d = deny(PayloadMismatch, "the annotation's payload %s is not the digest of the new content (%s)", e.Payload, a.Payload)
+	default:
+		return e, nil
 	}
-	if !reg.Found {
-		return withEnvelope(deny(WrongResource, "%s", reg.missing()), e)
-	}
-	if g.Resource != reg.ResourceID {
-		return withEnvelope(deny(WrongResource, "the grant is for resource %q, this object is %q", g.Resource, reg.ResourceID), e)
-	}
-	if a.User != g.Owner {
-		return withEnvelope(deny(WrongOwner, "the grant belongs to %q, the request comes from %q", g.Owner, a.User), e)
-	}
-	if bundle.Revoked(g.IssuerEpoch) {
-		return withEnvelope(deny(RevokedEpoch, "the grant was issued under epoch %d; epochs below %d are revoked", g.IssuerEpoch, bundle.RevokedBelowEpoch), e)
-	}
-	if e.Payload != a.Payload {
-		return withEnvelope(deny(PayloadMismatch, "the annotation's payload %s is not the digest of the new content (%s)", e.Payload, a.Payload), e)
-	}
+	return refuse(withEnvelope(d, e))
+}
 
-	// Fence rules against the stored state and the registry.
+// judgeFence applies the fence rules to an authenticated write, against the
+// stored state and the registry's linearizable view.
+func judgeFence(st State, a Attempt, reg Registry, e Envelope, deny denyFunc) Decision {
+	g := e.Grant
 	f, h := g.FenceToken, st.HighestFence
 	current, notCurrent, why := isCurrent(g, reg)
-	rootDiffers := f == h && g.OperationRoot != st.Root
-	otherGrant := rootDiffers || (f == h && st.GrantDigest != "" && g.Digest() != st.GrantDigest)
+	if d, conflicts := judgeOlderOrOther(st, e, current, deny); conflicts {
+		return d
+	}
 	switch {
-	case f < h && current:
-		return withEnvelope(deny(FenceRegression, "the registry's current grant has fence %d but the object already accepted fence %d: the registry went backwards; raise spec.fenceFloor above %d", f, h, h), e)
-	case f < h:
-		return withEnvelope(deny(StaleOwner, "fence %d is older than fence %d the object already accepted", f, h), e)
-	case otherGrant && current:
-		return withEnvelope(deny(FenceRegression, "fence %d was already used at this object by another grant: the registry went backwards; raise spec.fenceFloor above %d", f, h), e)
-	case rootDiffers:
-		return withEnvelope(deny(RootMismatch, "fence %d is bound to another grant (operation root %s) at this object; this grant has root %s", f, st.Root, g.OperationRoot), e)
 	case !current:
 		return withEnvelope(deny(notCurrent, "%s", why), e)
 	case f > h && e.Segment != 1:
 		return withEnvelope(deny(SegmentOutOfOrder, "a new fence (%d > %d) must start at segment 1, got %d", f, h, e.Segment), e)
 	case f > h || e.Segment == st.LastSegment+1:
-		r := Receipt{Fence: f, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
-			Receipt: ReceiptDigest(reg.ResourceID, f, g.OperationRoot, e.Segment, e.Operation, e.Payload)}
-		next := State{HighestFence: f, Root: g.OperationRoot, LastSegment: e.Segment,
-			Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence, GrantDigest: g.Digest(), DeleteIntent: e.Intent == IntentDelete}
-		return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: fence %d segment %d, receipt %s", f, e.Segment, r.Receipt),
-			Receipt: r.Receipt, State: next, Envelope: &e}
+		return accept(st, a, reg, e)
 	case e.Segment > st.LastSegment+1:
 		return withEnvelope(deny(SegmentOutOfOrder, "segment %d skips ahead: the next segment of fence %d is %d", e.Segment, f, st.LastSegment+1), e)
 	}
-	// A segment at or below the last one: a replay, or a conflicting rewrite.
+	return judgeReplay(st, e, deny)
+}
+
+// judgeOlderOrOther decides a fence below the object's, or the object's
+// fence under another grant or operation root: never accepted, and a
+// regression of the registry when the registry calls the grant current.
+func judgeOlderOrOther(st State, e Envelope, current bool, deny denyFunc) (Decision, bool) {
+	g := e.Grant
+	f, h := g.FenceToken, st.HighestFence
+	rootDiffers := f == h && g.OperationRoot != st.Root
+	otherGrant := rootDiffers || (f == h && st.GrantDigest != "" && g.Digest() != st.GrantDigest)
+	switch {
+	case f < h && current:
+		return withEnvelope(deny(FenceRegression, "the registry's current grant has fence %d but the object already accepted fence %d: the registry went backwards; raise spec.fenceFloor above %d", f, h, h), e), true
+	case f < h:
+		return withEnvelope(deny(StaleOwner, "fence %d is older than fence %d the object already accepted", f, h), e), true
+	case otherGrant && current:
+		return withEnvelope(deny(FenceRegression, "fence %d was already used at this object by another grant: the registry went backwards; raise spec.fenceFloor above %d", f, h), e), true
+	case rootDiffers:
+		return withEnvelope(deny(RootMismatch, "fence %d is bound to another grant (operation root %s) at this object; this grant has root %s", f, st.Root, g.OperationRoot), e), true
+	}
+	return Decision{}, false
+}
+
+// accept applies the segment: the next state and its receipt.
+func accept(st State, a Attempt, reg Registry, e Envelope) Decision {
+	g, f := e.Grant, e.Grant.FenceToken
+	r := Receipt{Fence: f, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
+		Receipt: ReceiptDigest(reg.ResourceID, f, g.OperationRoot, e.Segment, e.Operation, e.Payload)}
+	next := State{HighestFence: f, Root: g.OperationRoot, LastSegment: e.Segment,
+		Receipts: AppendReceipt(st.Receipts, r), Accepted: a.Fence, GrantDigest: g.Digest(), DeleteIntent: e.Intent == IntentDelete}
+	return Decision{Verdict: Accepted, Message: fmt.Sprintf("ACCEPTED: fence %d segment %d, receipt %s", f, e.Segment, r.Receipt),
+		Receipt: r.Receipt, State: next, Envelope: &e}
+}
+
+// judgeReplay decides a segment at or below the last one: a replay, or a
+// conflicting rewrite.
+func judgeReplay(st State, e Envelope, deny denyFunc) Decision {
+	f := e.Grant.FenceToken
 	for _, r := range st.Receipts {
 		if r.Fence == f && r.Segment == e.Segment {
 			if r.Payload == e.Payload {
