@@ -77,12 +77,7 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 		if stopGuard != nil {
 			stopGuard()
 		}
-		for _, obj := range []client.Object{
-			&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
-			&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
-		} {
-			Expect(client.IgnoreNotFound(admin.Delete(suiteCtx, obj))).To(Succeed())
-		}
+		removeTrustAnchorPolicy(nsAdmin)
 		Eventually(func() error {
 			return setAnchorData(admin, locksv1.TrustBundleConfigMap, grant.RevokedBelowEpochKey, revoked0)
 		}).Should(Succeed())
@@ -275,6 +270,24 @@ func anchorEpoch() int64 {
 	n, err := strconv.ParseInt(anchorConfigMap(locksv1.IssuerEpochConfigMap).Data["epoch"], 10, 64)
 	Expect(err).NotTo(HaveOccurred())
 	return n
+}
+
+// removeTrustAnchorPolicy deletes the guard's policy and binding and waits
+// until the API server no longer enforces them (probe, not the operator, may
+// write the trust bundle again). Otherwise the next container's check that
+// its own policy is enforced could be answered by this one on its way out,
+// and the deletion would land in the middle of its specs.
+func removeTrustAnchorPolicy(probe client.Client) {
+	GinkgoHelper()
+	for _, obj := range []client.Object{
+		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
+		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
+	} {
+		Expect(client.IgnoreNotFound(admin.Delete(suiteCtx, obj))).To(Succeed())
+	}
+	Eventually(func() error {
+		return setAnchorData(probe, locksv1.TrustBundleConfigMap, "k-probe", randomPublicKey(), client.DryRunAll)
+	}).Should(Succeed(), "the trust-anchor policy is still enforced after its deletion")
 }
 
 // setAnchorData sets one entry of an operator-namespace ConfigMap as c.

@@ -11,16 +11,13 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	fkoperator "github.com/fencekeeper/fencekeeper/internal/operator"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 	"github.com/fencekeeper/fencekeeper/webhooks"
@@ -64,12 +61,7 @@ var _ = Describe("signing-key rotation", Ordered, func() {
 		if stopGuard != nil {
 			stopGuard()
 		}
-		for _, obj := range []client.Object{
-			&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
-			&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
-		} {
-			Expect(client.IgnoreNotFound(admin.Delete(suiteCtx, obj))).To(Succeed())
-		}
+		removeTrustAnchorPolicy(nsAdmin)
 		Expect(client.IgnoreNotFound(admin.Delete(suiteCtx, &corev1.ConfigMap{ObjectMeta: objectMeta(opNamespace, locksv1.KeyRotationConfigMap)}))).To(Succeed())
 	})
 
