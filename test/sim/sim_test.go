@@ -78,9 +78,10 @@ func TestScheduleIsReproducible(t *testing.T) {
 	}
 }
 
-// TestSeedsThatOnceFailed replays every schedule a 100,000-schedule run ever
-// failed (docs/gates.md). Each found a real bug or a limit now counted; the
-// seeds stay here so that neither can come back unseen.
+// TestSeedsThatOnceFailed replays the schedules that failed a
+// 100,000-schedule run and that docs/gates.md names. Each found a real bug
+// or a limit now counted; the seeds stay here so that neither can come back
+// unseen.
 func TestSeedsThatOnceFailed(t *testing.T) {
 	for _, seed := range []uint64{
 		101400872739,                                           // unfenced create in the index-lag window after a delete
