@@ -33,6 +33,17 @@ import (
 // specs run it as the operator user in a manager of its own and remove the
 // policy afterwards: other specs reset revokedBelowEpoch to 0 as cluster-admin
 // to leave the suite as they found it, which the guard forbids.
+// forbidden matches a 403; on a failure it shows what was returned instead.
+var forbidden = WithTransform(func(err error) string {
+	if apierrors.IsForbidden(err) {
+		return "Forbidden"
+	}
+	return fmt.Sprintf("%v", err)
+}, Equal("Forbidden"))
+
+// notOperator matches the trust-anchor policy's refusal of anyone but the operator.
+var notOperator = And(forbidden, MatchError(ContainSubstring("only the fencekeeper operator")))
+
 var _ = Describe("trust anchors and the webhook configuration", Ordered, func() {
 	var (
 		nsAdmin   client.Client // may edit every ConfigMap and Secret of the operator namespace, but is not the operator
@@ -42,14 +53,6 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 		revoked0  string
 		installed *admissionregistrationv1.ValidatingWebhookConfiguration
 	)
-	// The error itself, or "Forbidden": a failure shows what was returned.
-	forbidden := WithTransform(func(err error) string {
-		if apierrors.IsForbidden(err) {
-			return "Forbidden"
-		}
-		return fmt.Sprintf("%v", err)
-	}, Equal("Forbidden"))
-	notOperator := And(forbidden, MatchError(ContainSubstring("only the fencekeeper operator")))
 	mayOnlyGrow := func(what string) OmegaMatcher {
 		return And(forbidden, MatchError(ContainSubstring(what+" may only grow")))
 	}
@@ -244,13 +247,23 @@ func startGuard(kinds []schema.GroupVersionResource) func() {
 // userWithRole adds a user bound to a Role with rules in the operator namespace.
 func userWithRole(name string, rules ...rbacv1.PolicyRule) client.Client {
 	GinkgoHelper()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: opNamespace, Name: name}, Rules: rules}
-	Expect(admin.Create(suiteCtx, role)).To(Succeed())
-	Expect(admin.Create(suiteCtx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: opNamespace, Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}},
-	})).To(Succeed())
+	Expect(admin.Create(suiteCtx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: opNamespace, Name: name}, Rules: rules})).To(Succeed())
+	return boundUser(name, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: opNamespace, Name: name},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}})
+}
+
+// boundUser binds the user name through binding (a RoleBinding or a
+// ClusterRoleBinding without subjects) and returns a client acting as it.
+func boundUser(name string, binding client.Object) client.Client {
+	GinkgoHelper()
+	user := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}}
+	switch b := binding.(type) {
+	case *rbacv1.RoleBinding:
+		b.Subjects = user
+	case *rbacv1.ClusterRoleBinding:
+		b.Subjects = user
+	}
+	Expect(admin.Create(suiteCtx, binding)).To(Succeed())
 	u, err := cp.AddUser(name)
 	Expect(err).NotTo(HaveOccurred())
 	c, err := client.New(u.Config(), client.Options{Scheme: scheme})

@@ -34,13 +34,6 @@ var _ = Describe("signing-key rotation", Ordered, func() {
 		opClient   client.Client
 		stopGuard  func()
 	)
-	forbidden := WithTransform(func(err error) string {
-		if apierrors.IsForbidden(err) {
-			return "Forbidden"
-		}
-		return fmt.Sprintf("%v", err)
-	}, Equal("Forbidden"))
-	notOperator := And(forbidden, MatchError(ContainSubstring("only the fencekeeper operator")))
 
 	BeforeAll(func() {
 		nsAdmin = userWithRole("rotation-admin",

@@ -272,14 +272,6 @@ func aggregateClusterRoles(name string) {
 func clusterUserWithRole(name string, rules ...rbacv1.PolicyRule) client.Client {
 	GinkgoHelper()
 	Expect(admin.Create(suiteCtx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules})).To(Succeed())
-	Expect(admin.Create(suiteCtx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}},
-	})).To(Succeed())
-	u, err := cp.AddUser(name)
-	Expect(err).NotTo(HaveOccurred())
-	c, err := client.New(u.Config(), client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
-	return c
+	return boundUser(name, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}})
 }
