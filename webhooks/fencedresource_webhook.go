@@ -3,8 +3,11 @@ package webhooks
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,6 +18,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/enrollment"
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -23,19 +27,27 @@ import (
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
 
 // FencedResourceValidator keeps resource-side validation on once enforced: an
-// Enforce entry never goes back to Shadow, and cannot be deleted while the
+// entry is made only for a kind whose writes the acceptance webhook sees, an
+// Enforce entry never goes back to Shadow, and it cannot be deleted while the
 // object it protects exists.
 type FencedResourceValidator struct {
-	// Reader reads the target around the cache.
+	// Reader reads the target and the webhook configuration around the cache.
 	Reader client.Reader
 	// Writer enrolls the entry's namespace.
 	Writer client.Writer
+	// Mapper maps the target's kind to its resource.
+	Mapper meta.RESTMapper
+	// WebhookConfiguration is the installation's ValidatingWebhookConfiguration.
+	WebhookConfiguration string
 }
 
-// SetupFencedResourceWebhook registers the validator.
-func SetupFencedResourceWebhook(mgr ctrl.Manager) error {
+// SetupFencedResourceWebhook registers the validator; webhookConfiguration
+// names the installation's ValidatingWebhookConfiguration.
+func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration string) error {
 	return ctrl.NewWebhookManagedBy(mgr, &locksv1.FencedResource{}).
-		WithValidator(&FencedResourceValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient()}).
+		WithValidator(&FencedResourceValidator{
+			Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Mapper: mgr.GetRESTMapper(), WebhookConfiguration: webhookConfiguration,
+		}).
 		Complete()
 }
 
@@ -57,6 +69,9 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 	}
 	if errs := validateUniqueTarget(fr, others.Items); len(errs) > 0 {
 		return nil, invalidFencedResource(fr, errs)
+	}
+	if err := v.validateTargetSeen(ctx, fr); err != nil {
+		return nil, err
 	}
 	target, err := v.target(ctx, fr)
 	if target == nil || err != nil {
@@ -97,9 +112,48 @@ func invalidFencedResource(fr *locksv1.FencedResource, errs field.ErrorList) err
 	return apierrors.NewInvalid(locksv1.GroupVersion.WithKind("FencedResource").GroupKind(), fr.Name, errs)
 }
 
-// ValidateUpdate denies Enforce → Shadow.
-func (v *FencedResourceValidator) ValidateUpdate(_ context.Context, oldFR, newFR *locksv1.FencedResource) (admission.Warnings, error) {
-	return nil, invalidFencedResource(newFR, validateEnforcementRatchet(oldFR, newFR))
+// ValidateUpdate denies Enforce → Shadow, and Shadow → Enforce for a kind
+// whose writes the acceptance webhook no longer sees.
+func (v *FencedResourceValidator) ValidateUpdate(ctx context.Context, oldFR, newFR *locksv1.FencedResource) (admission.Warnings, error) {
+	if errs := validateEnforcementRatchet(oldFR, newFR); len(errs) > 0 {
+		return nil, invalidFencedResource(newFR, errs)
+	}
+	if newFR.Spec.Target != nil && oldFR.Spec.Enforcement != locksv1.EnforcementEnforce && newFR.Spec.Enforcement == locksv1.EnforcementEnforce {
+		return nil, v.validateTargetSeen(ctx, newFR)
+	}
+	return nil, nil
+}
+
+// validateTargetSeen refuses an entry for a kind whose writes the acceptance
+// webhook does not see: not served, not declared (--protected-kinds), or not
+// in the live configuration's rules with every subresource. Such an entry
+// would promise a protection nobody gives — writes of an undeclared kind
+// never reach the webhook. The live configuration is read, not the flags,
+// because it is what the API server acts on.
+func (v *FencedResourceValidator) validateTargetSeen(ctx context.Context, fr *locksv1.FencedResource) error {
+	t := fr.Spec.Target
+	path := field.NewPath("spec", "target")
+	gv, err := schema.ParseGroupVersion(t.APIVersion)
+	if err != nil {
+		return invalidFencedResource(fr, field.ErrorList{field.Invalid(path.Child("apiVersion"), t.APIVersion, err.Error())})
+	}
+	mapping, err := v.Mapper.RESTMapping(gv.WithKind(t.Kind).GroupKind(), gv.Version)
+	switch {
+	case meta.IsNoMatchError(err):
+		return invalidFencedResource(fr, field.ErrorList{field.Invalid(path, t.Kind+" "+t.APIVersion,
+			fmt.Sprintf("kind %s in %s is not served by the API server", t.Kind, t.APIVersion))})
+	case err != nil:
+		return fmt.Errorf("map kind %s in %s to its resource: %w", t.Kind, t.APIVersion, err)
+	}
+	var cfg admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := v.Reader.Get(ctx, types.NamespacedName{Name: v.WebhookConfiguration}, &cfg); err != nil {
+		return fmt.Errorf("read the webhook configuration %s (the operator needs get on it): %w", v.WebhookConfiguration, err)
+	}
+	if gaps := protectedkinds.ConfigurationGaps(&cfg, mapping.Resource); len(gaps) > 0 {
+		return invalidFencedResource(fr, field.ErrorList{field.Invalid(path, t.Kind+" "+t.APIVersion,
+			"the acceptance webhook does not see every write of "+protectedkinds.Format(mapping.Resource)+", so this entry would protect nothing: "+strings.Join(gaps, "; "))})
+	}
+	return nil
 }
 
 // ValidateDelete denies deleting an enforced entry whose target still exists.

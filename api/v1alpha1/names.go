@@ -41,6 +41,12 @@ const (
 	AnnotationVerifierRevokedBelow = "fencekeeper.dev/revoked-below-epoch"
 	// WebhookConfigurationName is the ValidatingWebhookConfiguration of the installation.
 	WebhookConfigurationName = "fencekeeper-validating-webhook-configuration"
+	// AnnotationProtectedKinds, on the webhook configuration, lists the
+	// declared protected kinds (comma-separated, --protected-kinds form). The
+	// operator writes and keeps it, so that the FencedResource webhook and an
+	// auditor who cannot see the manager's flags can tell a declared kind
+	// from an undeclared one.
+	AnnotationProtectedKinds = "fencekeeper.dev/protected-kinds"
 	// ProtectedWebhookPath is where the protected-object (acceptance) webhook
 	// is served; the plugin's audit looks for it in the configuration.
 	ProtectedWebhookPath = "/validate-fencekeeper-protected"

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/fencekeeper/fencekeeper/internal/operator"
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/internal/version"
 )
 
@@ -66,7 +67,7 @@ func main() {
 		setup.Info("Go memory limit set", "bytes", heap, "containerLimit", memoryLimit, "ratio", memoryLimitRatio)
 	}
 	o.WebhookHosts = strings.Split(webhookHosts, ",")
-	if o.ProtectedKinds, err = operator.ParseProtectedKinds(protectedKinds); err != nil {
+	if o.ProtectedKinds, err = protectedkinds.Parse(protectedKinds); err != nil {
 		setup.Error(err, "invalid --protected-kinds")
 		os.Exit(2)
 	}

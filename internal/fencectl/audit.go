@@ -3,7 +3,6 @@ package fencectl
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -137,14 +137,13 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 	for _, c := range cfgs.Items {
 		protects := false
 		for _, w := range c.Webhooks {
-			if w.ClientConfig.Service != nil && w.ClientConfig.Service.Path != nil && *w.ClientConfig.Service.Path == locksv1.ProtectedWebhookPath ||
-				w.ClientConfig.URL != nil && strings.HasSuffix(*w.ClientConfig.URL, locksv1.ProtectedWebhookPath) {
+			if protectedkinds.IsProtectedEntry(&w) {
 				hooks = append(hooks, w)
 				protects = true
 			}
 		}
-		if list, ok := c.Annotations[protectedKindsAnnotation]; ok && protects {
-			declared = declaredKinds(declared, list)
+		if list, ok := c.Annotations[locksv1.AnnotationProtectedKinds]; ok && protects {
+			declared = protectedkinds.Declared(declared, list)
 		}
 	}
 	// The kinds to look at: ConfigMaps, FencedResource targets, webhook rules.
@@ -297,58 +296,25 @@ func (a *auditor) covers(ctx context.Context, gvk schema.GroupVersionKind, ns st
 		gaps = append(gaps, g)
 	}
 	for _, w := range a.hooks {
-		if !ruleCovers(w.Rules, res) || !selects(w.ObjectSelector, objLabels) || !selects(w.NamespaceSelector, nsLabels) {
+		if !protectedkinds.RulesCover(w.Rules, res) || !selects(w.ObjectSelector, objLabels) || !selects(w.NamespaceSelector, nsLabels) {
 			continue
 		}
-		if w.FailurePolicy != nil && *w.FailurePolicy == admissionregistrationv1.Ignore {
-			gaps = append(gaps, fmt.Sprintf("webhook %s has failurePolicy Ignore: writes pass unchecked when it is down (fix: failurePolicy Fail)", w.Name))
-		}
-		if res.Group != "" && !ruleCovers(w.Rules, res.GroupVersion().WithResource(res.Resource+"/*")) {
-			gaps = append(gaps, fmt.Sprintf("webhook %s does not cover the subresources of %s: /scale can change its content unfenced (fix: add %s/* to its rules)",
-				w.Name, res.GroupResource(), res.Resource))
+		if g := protectedkinds.EntryGap(&w, res); g != "" {
+			gaps = append(gaps, g)
 		}
 		return true, gaps
 	}
 	return false, append(gaps, fmt.Sprintf("the acceptance webhook does not cover %s here (fix: declare it, --protected-kinds=%s or the chart value protectedKinds; docs/protecting-objects.md)",
-		res.GroupResource(), protectedKindFlag(res)))
+		res.GroupResource(), protectedkinds.Format(res)))
 }
 
-// protectedKindsAnnotation is operator.ProtectedKindsAnnotation: the
-// operator records its declared kinds on the webhook configuration (the
-// envtest spec of declared kinds reads it through this audit).
-const protectedKindsAnnotation = "fencekeeper.dev/protected-kinds"
-
-// declaredKinds adds the kinds of an annotation value to set.
-func declaredKinds(set map[string]bool, list string) map[string]bool {
-	if set == nil {
-		set = map[string]bool{}
-	}
-	for _, k := range strings.Split(list, ",") {
-		if k = strings.TrimSpace(k); k != "" {
-			set[k] = true
-		}
-	}
-	return set
-}
-
-// protectedKindFlag is the --protected-kinds form of res.
-func protectedKindFlag(res schema.GroupVersionResource) string {
-	if res.Group == "" {
-		return res.Resource + "/" + res.Version
-	}
-	return res.Resource + "." + res.Group + "/" + res.Version
-}
-
-// undeclared names the gap of a kind the operator was not told to protect
-// (ConfigMaps always are), or "" when it is declared or no operator has
-// recorded its list. Rules for an undeclared kind do not last: the operator
-// removes them, and it has no read access for the kind.
+// undeclared names the gap of a kind the operator was not told to protect,
+// or "" when it is declared or no operator has recorded its list.
 func (a *auditor) undeclared(res schema.GroupVersionResource) string {
-	if a.declared == nil || res.Group == "" && res.Resource == "configmaps" || a.declared[protectedKindFlag(res)] {
+	if a.declared == nil {
 		return ""
 	}
-	return fmt.Sprintf("%s is not a declared protected kind (fix: add it to the manager's --protected-kinds, or the chart value protectedKinds, and grant the operator get on it; docs/protecting-objects.md)",
-		protectedKindFlag(res))
+	return protectedkinds.UndeclaredGap(a.declared, res)
 }
 
 func (a *auditor) namespaceLabels(ctx context.Context, ns string) (map[string]string, error) {
@@ -361,35 +327,6 @@ func (a *auditor) namespaceLabels(ctx context.Context, ns string) (map[string]st
 	}
 	a.nsLabels[ns] = n.Labels
 	return n.Labels, nil
-}
-
-func ruleCovers(rules []admissionregistrationv1.RuleWithOperations, res schema.GroupVersionResource) bool {
-	need := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
-	covered := map[admissionregistrationv1.OperationType]bool{}
-	match := func(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }
-	matchResource := func(list []string, v string) bool {
-		if parent, _, sub := strings.Cut(v, "/"); sub {
-			return slices.Contains(list, v) || slices.Contains(list, parent+"/*") || slices.Contains(list, "*/*")
-		}
-		return match(list, v)
-	}
-	for _, r := range rules {
-		if !match(r.APIGroups, res.Group) || !match(r.APIVersions, res.Version) || !matchResource(r.Resources, res.Resource) {
-			continue
-		}
-		for _, op := range r.Operations {
-			if op == admissionregistrationv1.OperationAll {
-				return true
-			}
-			covered[op] = true
-		}
-	}
-	for _, op := range need {
-		if !covered[op] {
-			return false
-		}
-	}
-	return true
 }
 
 func selects(sel *metav1.LabelSelector, l map[string]string) bool {

@@ -26,6 +26,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 )
 
 // The guard may read, watch and write back its own webhook configuration,
@@ -267,13 +270,13 @@ func (g *AdmissionGuard) restoreWebhooks(ctx context.Context) error {
 		return err
 	}
 	restored, drift := WebhookDrift(desired, cfg.Webhooks, g.opts.CABundle != nil)
-	declared := FormatProtectedKinds(g.opts.ProtectedKinds)
-	if v, ok := cfg.Annotations[ProtectedKindsAnnotation]; !ok || v != declared {
+	declared := protectedkinds.FormatList(g.opts.ProtectedKinds)
+	if v, ok := cfg.Annotations[locksv1.AnnotationProtectedKinds]; !ok || v != declared {
 		if cfg.Annotations == nil {
 			cfg.Annotations = map[string]string{}
 		}
-		cfg.Annotations[ProtectedKindsAnnotation] = declared
-		drift = append(drift, "annotation "+ProtectedKindsAnnotation)
+		cfg.Annotations[locksv1.AnnotationProtectedKinds] = declared
+		drift = append(drift, "annotation "+locksv1.AnnotationProtectedKinds)
 	}
 	if drift == nil {
 		return nil
@@ -306,7 +309,7 @@ func (g *AdmissionGuard) desiredWebhooks(ctx context.Context, live *admissionreg
 			return nil, fmt.Errorf("webhook configuration %s has no webhooks to keep", g.opts.WebhookConfiguration)
 		}
 		ctrl.LoggerFrom(ctx).Info("keeping the webhook configuration as installed", "name", g.opts.WebhookConfiguration, "webhooks", len(hooks),
-			"protectedKinds", FormatProtectedKinds(g.opts.ProtectedKinds))
+			"protectedKinds", protectedkinds.FormatList(g.opts.ProtectedKinds))
 		g.desired = WithProtectedKinds(hooks, g.opts.ProtectedKinds)
 	}
 	out := make([]admissionregistrationv1.ValidatingWebhook, len(g.desired))

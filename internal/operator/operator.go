@@ -134,10 +134,13 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("issuer: %w", err)
 	}
+	if o.WebhookConfiguration == "" {
+		o.WebhookConfiguration = locksv1.WebhookConfigurationName
+	}
 	if err := webhooks.SetupLockGrantWebhook(mgr, o.Namespace); err != nil {
 		return fmt.Errorf("LockGrant webhook: %w", err)
 	}
-	if err := webhooks.SetupFencedResourceWebhook(mgr); err != nil {
+	if err := webhooks.SetupFencedResourceWebhook(mgr, o.WebhookConfiguration); err != nil {
 		return fmt.Errorf("FencedResource webhook: %w", err)
 	}
 	if _, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock); err != nil {
@@ -149,9 +152,6 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 			return fmt.Errorf("certificate rotator: %w", err)
 		}
 		caBundle = rotator.CABundle
-	}
-	if o.WebhookConfiguration == "" {
-		o.WebhookConfiguration = locksv1.WebhookConfigurationName
 	}
 	if err := SetupAdmissionGuard(mgr, GuardOptions{
 		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,

@@ -7,45 +7,9 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-)
 
-func TestParseProtectedKinds(t *testing.T) {
-	widgets := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
-	secrets := schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
-	cases := []struct {
-		in      string
-		want    []schema.GroupVersionResource
-		wantErr string
-	}{
-		{in: "", want: nil},
-		{in: "widgets.example.com/v1", want: []schema.GroupVersionResource{widgets}},
-		{in: " widgets.example.com/v1 , secrets/v1 ,", want: []schema.GroupVersionResource{widgets, secrets}},
-		{in: "widgets.example.com", wantErr: "no version"},
-		{in: "widgets.example.com/", wantErr: "no version"},
-		{in: "widgets.example.com/v1/scale", wantErr: "subresources"},
-		{in: "*.example.com/v1", wantErr: "wildcards"},
-		{in: "Widgets.example.com/v1", wantErr: "lower-case plural"},
-		{in: "widgets.Example_com/v1", wantErr: "DNS subdomain"},
-		{in: "lockgrants.locks.fencekeeper.dev/v1alpha1", wantErr: "own kinds"},
-		{in: "configmaps/v1", wantErr: "always protected"},
-		{in: "widgets.example.com/v1,widgets.example.com/v1", wantErr: "twice"},
-	}
-	for _, c := range cases {
-		got, err := ParseProtectedKinds(c.in)
-		if c.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
-				t.Errorf("ParseProtectedKinds(%q) error %v, want one containing %q", c.in, err, c.wantErr)
-			}
-			continue
-		}
-		if err != nil || !reflect.DeepEqual(got, c.want) {
-			t.Errorf("ParseProtectedKinds(%q) = %v, %v; want %v", c.in, got, err, c.want)
-		}
-		if back := FormatProtectedKinds(got); len(got) > 0 && back != strings.Join(strings.Fields(strings.NewReplacer(",", " ").Replace(c.in)), ",") {
-			t.Errorf("FormatProtectedKinds(%v) = %q, does not round-trip %q", got, back, c.in)
-		}
-	}
-}
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
+)
 
 func TestWithProtectedKinds(t *testing.T) {
 	widgets := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
@@ -57,12 +21,12 @@ func TestWithProtectedKinds(t *testing.T) {
 	if !reflect.DeepEqual(got[0], hooks[0]) {
 		t.Errorf("a webhook that is not a protected entry changed: %v", got[0].Rules)
 	}
-	want := []admissionregistrationv1.RuleWithOperations{hooks[1].Rules[0], ProtectedKindRule(widgets)}
+	want := []admissionregistrationv1.RuleWithOperations{hooks[1].Rules[0], protectedkinds.Rule(widgets)}
 	if !reflect.DeepEqual(got[1].Rules, want) {
 		t.Errorf("protected entry rules = %v, want the ConfigMaps rule then widgets (the undeclared invoicebatches rule dropped): %v", got[1].Rules, want)
 	}
-	if r := ProtectedKindRule(widgets); !reflect.DeepEqual(r.Resources, []string{"widgets", "widgets/*"}) || len(r.Operations) != 3 {
-		t.Errorf("ProtectedKindRule = %v, want widgets and every subresource for CREATE, UPDATE, DELETE", r)
+	if r := protectedkinds.Rule(widgets); !reflect.DeepEqual(r.Resources, []string{"widgets", "widgets/*"}) || len(r.Operations) != 3 {
+		t.Errorf("protectedkinds.Rule = %v, want widgets and every subresource for CREATE, UPDATE, DELETE", r)
 	}
 	// Nothing declared: only ConfigMaps stay.
 	if got := WithProtectedKinds(hooks, nil); len(got[1].Rules) != 1 || got[1].Rules[0].Resources[0] != "configmaps" {

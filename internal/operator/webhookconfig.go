@@ -1,7 +1,6 @@
 package operator
 
 import (
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -10,117 +9,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/validation"
 
-	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/webhooks"
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 )
-
-// ProtectedKindsAnnotation on the webhook configuration lists the declared
-// protected kinds (FormatProtectedKind, comma-separated). The operator writes
-// and keeps it, so that an auditor who cannot see the manager's flags can
-// tell a declared kind from an undeclared one.
-const ProtectedKindsAnnotation = "fencekeeper.dev/protected-kinds"
-
-// ParseProtectedKinds parses the --protected-kinds flag: a comma-separated
-// list of <resource>.<group>/<version> (<resource>/<version> for the core
-// group), e.g. "widgets.example.com/v1,secrets/v1". ConfigMaps are always
-// protected and need no entry; fencekeeper's own kinds cannot be declared.
-func ParseProtectedKinds(s string) ([]schema.GroupVersionResource, error) {
-	var out []schema.GroupVersionResource
-	seen := map[schema.GroupVersionResource]bool{}
-	for _, item := range strings.Split(s, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		gvr, err := parseProtectedKind(item)
-		if err != nil {
-			return nil, err
-		}
-		if seen[gvr] {
-			return nil, fmt.Errorf("protected kind %q is declared twice", item)
-		}
-		seen[gvr] = true
-		out = append(out, gvr)
-	}
-	return out, nil
-}
-
-func parseProtectedKind(item string) (schema.GroupVersionResource, error) {
-	bad := func(why string) (schema.GroupVersionResource, error) {
-		return schema.GroupVersionResource{}, fmt.Errorf("protected kind %q: %s (want <resource>.<group>/<version>, e.g. widgets.example.com/v1, or <resource>/<version> for the core group)", item, why)
-	}
-	gr, version, ok := strings.Cut(item, "/")
-	if !ok || version == "" {
-		return bad("no version")
-	}
-	resource, group, _ := strings.Cut(gr, ".")
-	gvr := schema.GroupVersionResource{Group: group, Version: version, Resource: resource}
-	switch {
-	case strings.ContainsAny(item, "*") || strings.Contains(version, "/"):
-		return bad("wildcards and subresources are not kinds (every subresource is covered)")
-	case len(validation.IsDNS1035Label(resource)) > 0:
-		return bad("the resource is not a lower-case plural name")
-	case group != "" && len(validation.IsDNS1123Subdomain(group)) > 0:
-		return bad("the group is not a DNS subdomain")
-	case len(validation.IsDNS1035Label(version)) > 0:
-		return bad("the version is not a DNS label")
-	case group == locksv1.GroupVersion.Group:
-		return bad("fencekeeper's own kinds have their own webhooks")
-	case isBuiltinProtected(group, resource):
-		return bad("ConfigMaps are always protected")
-	}
-	return gvr, nil
-}
-
-// FormatProtectedKind is the flag form of a kind (see ParseProtectedKinds).
-func FormatProtectedKind(k schema.GroupVersionResource) string {
-	if k.Group == "" {
-		return k.Resource + "/" + k.Version
-	}
-	return k.Resource + "." + k.Group + "/" + k.Version
-}
-
-// FormatProtectedKinds is the flag and annotation form of a list of kinds.
-func FormatProtectedKinds(kinds []schema.GroupVersionResource) string {
-	s := make([]string, len(kinds))
-	for i, k := range kinds {
-		s[i] = FormatProtectedKind(k)
-	}
-	return strings.Join(s, ",")
-}
-
-// isBuiltinProtected: ConfigMaps are covered by the generated webhook
-// manifest (the webhook markers), whatever is declared.
-func isBuiltinProtected(group, resource string) bool {
-	return group == "" && resource == "configmaps"
-}
-
-// ProtectedKindRule is the rule a declared kind adds to both protected
-// entries: every write of the kind and of every subresource (/scale changes
-// business content and cannot carry a fence; /status of a kind without a
-// status subresource is ordinary content).
-func ProtectedKindRule(k schema.GroupVersionResource) admissionregistrationv1.RuleWithOperations {
-	return admissionregistrationv1.RuleWithOperations{
-		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete},
-		Rule: admissionregistrationv1.Rule{
-			APIGroups: []string{k.Group}, APIVersions: []string{k.Version}, Resources: []string{k.Resource, k.Resource + "/*"},
-		},
-	}
-}
-
-// IsProtectedEntry says whether w is one of the protected-object webhook's
-// entries (vprotected, vprotected-enrolled): those served on ProtectedPath.
-func IsProtectedEntry(w *admissionregistrationv1.ValidatingWebhook) bool {
-	c := w.ClientConfig
-	return c.Service != nil && c.Service.Path != nil && *c.Service.Path == webhooks.ProtectedPath ||
-		c.URL != nil && strings.HasSuffix(*c.URL, webhooks.ProtectedPath)
-}
 
 // WithProtectedKinds returns the installed webhooks with the rules of the
 // protected entries made exactly: the built-in ConfigMaps rules as installed,
-// then one ProtectedKindRule per declared kind. Any other rule an installer
+// then one protectedkinds.Rule per declared kind. Any other rule an installer
 // or a JSON patch put there is dropped: the declared list is the one place
 // that says what is protected, and the operator's read RBAC and the audit
 // follow it.
@@ -128,7 +23,7 @@ func WithProtectedKinds(hooks []admissionregistrationv1.ValidatingWebhook, kinds
 	out := make([]admissionregistrationv1.ValidatingWebhook, len(hooks))
 	for i := range hooks {
 		out[i] = *hooks[i].DeepCopy()
-		if !IsProtectedEntry(&out[i]) {
+		if !protectedkinds.IsProtectedEntry(&out[i]) {
 			continue
 		}
 		var rules []admissionregistrationv1.RuleWithOperations
@@ -138,7 +33,7 @@ func WithProtectedKinds(hooks []admissionregistrationv1.ValidatingWebhook, kinds
 			}
 		}
 		for _, k := range kinds {
-			rules = append(rules, ProtectedKindRule(k))
+			rules = append(rules, protectedkinds.Rule(k))
 		}
 		out[i].Rules = rules
 	}
@@ -307,5 +202,5 @@ func ruleName(r admissionregistrationv1.RuleWithOperations) string {
 		return l[0]
 	}
 	res, _, _ := strings.Cut(first(r.Resources), "/")
-	return FormatProtectedKind(schema.GroupVersionResource{Group: first(r.APIGroups), Version: first(r.APIVersions), Resource: res})
+	return protectedkinds.Format(schema.GroupVersionResource{Group: first(r.APIGroups), Version: first(r.APIVersions), Resource: res})
 }

@@ -19,6 +19,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	fkoperator "github.com/fencekeeper/fencekeeper/internal/operator"
+	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -55,6 +56,13 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		created   []client.Object
 	)
 	declared := append(append([]schema.GroupVersionResource{}, suiteKinds...), widgetGVR)
+	widgetEntry := func(name string, mode locksv1.EnforcementMode) *locksv1.FencedResource {
+		return &locksv1.FencedResource{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: locksv1.FencedResourceSpec{ResourceID: "test/" + ns + "/" + name, LeaseDurationSeconds: 10, Enforcement: mode,
+				Target: &locksv1.ObjectTarget{APIVersion: widgetKind.gvk.GroupVersion().String(), Kind: widgetKind.gvk.Kind, Name: name}},
+		}
+	}
 
 	BeforeAll(func() {
 		ns = newNamespace()
@@ -89,7 +97,7 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: installed.ObjectMeta},
 			func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
 				c.Webhooks = installed.Webhooks
-				delete(c.Annotations, fkoperator.ProtectedKindsAnnotation)
+				delete(c.Annotations, locksv1.AnnotationProtectedKinds)
 			})).To(Succeed())
 	})
 
@@ -134,12 +142,35 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		Eventually(func() error { return opClient.List(suiteCtx, widgets, client.InNamespace(ns)) }).Should(Succeed())
 	})
 
+	It("refuses a registry entry for a kind whose writes the acceptance webhook does not see", func() {
+		// Not declared yet: the webhook never sees a widget write, so an
+		// entry would promise a protection nobody gives. A Shadow entry is
+		// refused too: it could be switched to Enforce later.
+		for _, mode := range []locksv1.EnforcementMode{locksv1.EnforcementEnforce, locksv1.EnforcementShadow} {
+			err := admin.Create(suiteCtx, widgetEntry("w", mode))
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s entry: %v", mode, err)
+			Expect(err).To(MatchError(And(ContainSubstring("spec.target"),
+				ContainSubstring("widgets.example.com/v1"), ContainSubstring("--protected-kinds"))))
+		}
+		// A kind the API server does not serve at all is named as such.
+		err := admin.Create(suiteCtx, &locksv1.FencedResource{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gadget"},
+			Spec: locksv1.FencedResourceSpec{ResourceID: "test/" + ns + "/gadget", LeaseDurationSeconds: 10,
+				Target: &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Gadget", Name: "g"}},
+		})
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+		Expect(err).To(MatchError(And(ContainSubstring("spec.target"), ContainSubstring("not served"))))
+	})
+
 	It("checks every write of a declared kind and of its /scale once the operator declares it", func() {
-		t := newTarget(widgetKind, ns, "w", locksv1.EnforcementEnforce)
 		// Not declared yet: the webhook never sees a widget write.
-		Expect(workers["worker-b"].Create(suiteCtx, t.unfenced("planted", nil, nil), client.DryRunAll)).To(Succeed())
+		Expect(workers["worker-b"].Create(suiteCtx, (target{kind: widgetKind, ns: ns, name: "w"}).unfenced("planted", nil, nil), client.DryRunAll)).To(Succeed())
 
 		stopGuard = startGuard(declared)
+		Eventually(func() error {
+			return admin.Create(suiteCtx, widgetEntry("w", locksv1.EnforcementEnforce), client.DryRunAll)
+		}).Should(Succeed())
+		t := newTarget(widgetKind, ns, "w", locksv1.EnforcementEnforce)
 		Eventually(func() error {
 			return workers["worker-b"].Create(suiteCtx, t.unfenced("planted", nil, nil), client.DryRunAll)
 		}).Should(denied(fence.FenceRequired))
@@ -148,7 +179,7 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 			protected := w.Name == localcp.ProtectedWebhook || w.Name == localcp.EnrolledWebhook
 			Expect(hasKindRule(w.Rules, widgetGVR)).To(Equal(protected), "rules of %s: %v", w.Name, w.Rules)
 		}
-		Expect(cfg.Annotations).To(HaveKeyWithValue(fkoperator.ProtectedKindsAnnotation,
+		Expect(cfg.Annotations).To(HaveKeyWithValue(locksv1.AnnotationProtectedKinds,
 			"invoicebatches.billing.example.com/v1,invoiceshards.billing.example.com/v1,widgets.example.com/v1"))
 
 		a := held(ns, "w", "worker-a", "a")
@@ -177,7 +208,7 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 	It("restores a declared kind's rule removed by hand and removes an undeclared one", func() {
 		Expect(stopGuard).NotTo(BeNil(), "runs after the guard was started")
 		deploymentsGVR := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
-		deployments := fkoperator.ProtectedKindRule(deploymentsGVR)
+		deployments := protectedkinds.Rule(deploymentsGVR)
 		Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: installed.ObjectMeta},
 			func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
 				for i := range c.Webhooks {
@@ -215,9 +246,27 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		Expect(admin.Create(suiteCtx, reader)).To(Succeed())
 		created = append(created, reader)
 		aggregateClusterRoles("manager-protected-kinds-role")
-		newFencedResource(ns, "web", 10, func(fr *locksv1.FencedResource) {
-			fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: "apps/v1", Kind: "Deployment", Name: "web"}
-		})
+		// Deployments were declared when the entry was made (the webhook
+		// refuses an entry for an undeclared kind), then an operator with a
+		// shorter list took over and removed their rules.
+		web := func() *locksv1.FencedResource {
+			return &locksv1.FencedResource{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+				Spec: locksv1.FencedResourceSpec{ResourceID: "test/" + ns + "/web", LeaseDurationSeconds: 10,
+					Target: &locksv1.ObjectTarget{APIVersion: "apps/v1", Kind: "Deployment", Name: "web"}},
+			}
+		}
+		deploymentsGVR := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+		stopGuard()
+		stopGuard = startGuard(append(append([]schema.GroupVersionResource{}, declared...), deploymentsGVR))
+		Eventually(func() error { return admin.Create(suiteCtx, web()) }).Should(Succeed())
+		stopGuard()
+		stopGuard = startGuard(declared)
+		Eventually(func(g Gomega) {
+			for _, w := range webhookConfiguration().Webhooks {
+				g.Expect(hasKindRule(w.Rules, deploymentsGVR)).To(BeFalse(), "rules of %s", w.Name)
+			}
+		}).Should(Succeed())
 		var rep struct {
 			Objects []struct {
 				Object string   `json:"object"`
@@ -240,7 +289,7 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 // hasKindRule says whether rules hold the declared-kind rule of k (the API
 // server adds scope: "*" to what the operator writes).
 func hasKindRule(rules []admissionregistrationv1.RuleWithOperations, k schema.GroupVersionResource) bool {
-	want := fkoperator.ProtectedKindRule(k)
+	want := protectedkinds.Rule(k)
 	for _, r := range rules {
 		r.Scope = nil
 		if equality.Semantic.DeepEqual(r, want) {
