@@ -163,10 +163,10 @@ demo: control-plane ## The stale-owner story end to end on the embedded control 
 	go run ./cmd/demo
 
 .PHONY: dev
-dev: control-plane ## Embedded control plane + operator (self-signed webhook certs); prints the KUBECONFIG to export; Ctrl-C stops everything.
+dev: control-plane ## Embedded control plane + operator (self-signed webhook certs); prints the KUBECONFIG to export; Ctrl-C stops everything (BARE=1: an empty cluster to install into).
 	go build -o bin/kubectl-fence ./cmd/kubectl-fence
 	go build -o bin/fencekeeper-dev ./cmd/dev
-	bin/fencekeeper-dev
+	bin/fencekeeper-dev $(if $(BARE),-bare)
 
 .PHONY: gates
 gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n replays one with its trace; BASE_SEED=n, SCHEDULES=n).

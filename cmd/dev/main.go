@@ -25,11 +25,12 @@ import (
 func main() {
 	var (
 		dir, metricsAddr string
-		verbose          bool
+		verbose, bare    bool
 	)
 	flag.StringVar(&dir, "dir", "bin/dev", "Where the kubeconfigs are written.")
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "The operator's Prometheus metrics endpoint (0 disables it).")
 	flag.BoolVar(&verbose, "v", false, "Print the operator's logs.")
+	flag.BoolVar(&bare, "bare", false, "Start an empty cluster without fencekeeper, to install it as a release would (README, docs/install.md).")
 	flag.Parse()
 	log := logr.Discard()
 	if verbose {
@@ -38,19 +39,19 @@ func main() {
 	ctrl.SetLogger(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, dir, metricsAddr); err != nil {
+	if err := run(ctx, dir, metricsAddr, bare); err != nil {
 		fmt.Fprintln(os.Stderr, "make dev:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir, metricsAddr string) error {
+func run(ctx context.Context, dir, metricsAddr string, bare bool) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
 	fmt.Println("Starting etcd and kube-apiserver…")
-	cp, err := localcp.Start(ctx, localcp.Options{})
+	cp, err := localcp.Start(ctx, localcp.Options{Bare: bare})
 	if err != nil {
 		return err
 	}
@@ -60,45 +61,34 @@ func run(ctx context.Context, dir, metricsAddr string) error {
 			fmt.Fprintln(os.Stderr, "stop the control plane:", err)
 		}
 	}()
-	fmt.Println("Starting the operator (self-signed webhook certificates)…")
-	// Loopback only, as printed below: plain HTTP.
-	op, err := cp.RunOperator(ctx, operator.Options{MetricsAddr: metricsAddr, MetricsInsecure: true})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		fmt.Println("Stopping the operator…")
-		if err := op.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stop the operator:", err)
-		}
-	}()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	admin, err := cp.AddUser("dev-admin", "system:masters")
-	if err != nil {
-		return err
-	}
-	files := map[string]*localcp.User{"kubeconfig": admin}
-	for _, w := range []string{"worker-a", "worker-b"} {
-		if files[w+".kubeconfig"], err = cp.AddUser(w, localcp.WorkersGroup); err != nil {
-			return err
-		}
-	}
-	for name, u := range files {
-		data, err := u.KubeConfig()
+	running := "fencekeeper is running: the operator issues grants and its webhooks guard protected objects.\nMetrics: http://" + metricsAddr + "/metrics"
+	if bare {
+		running = "An empty cluster is running (no fencekeeper): install it as the README's \"Install in a cluster\" says.\n" +
+			"It has no nodes: run the manager yourself and publish its address in an EndpointSlice of the webhook Service (test/install does)."
+	} else {
+		fmt.Println("Starting the operator (self-signed webhook certificates)…")
+		// Loopback only, as printed below: plain HTTP.
+		op, err := cp.RunOperator(ctx, operator.Options{MetricsAddr: metricsAddr, MetricsInsecure: true})
 		if err != nil {
 			return err
 		}
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return err
-		}
-		defer os.Remove(path)
+		defer func() {
+			fmt.Println("Stopping the operator…")
+			if err := op.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "stop the operator:", err)
+			}
+		}()
 	}
+	if err := writeKubeconfigs(cp, dir); err != nil {
+		return err
+	}
+	defer func() {
+		for _, name := range kubeconfigs {
+			_ = os.Remove(filepath.Join(dir, name))
+		}
+	}()
 	fmt.Printf(`
-fencekeeper is running: the operator issues grants and its webhooks guard protected objects.
-Metrics: http://%s/metrics
+%s
 
 export KUBECONFIG=%s
 export PATH=%s:$PATH   # kubectl fence (make dev builds bin/kubectl-fence)
@@ -107,9 +97,42 @@ Workers (group %s) have their own kubeconfigs:
   %s
   %s
 Press Ctrl-C to stop; everything started here stops with it.
-`, metricsAddr, filepath.Join(dir, "kubeconfig"), filepath.Join(cp.Root(), "bin"), localcp.WorkersGroup,
+`, running, filepath.Join(dir, "kubeconfig"), filepath.Join(cp.Root(), "bin"), localcp.WorkersGroup,
 		filepath.Join(dir, "worker-a.kubeconfig"), filepath.Join(dir, "worker-b.kubeconfig"))
 	<-ctx.Done()
 	fmt.Println()
+	return nil
+}
+
+// kubeconfigs are the files written, by user: the admin's is written last,
+// so that a script waiting for it finds the others too.
+var kubeconfigs = map[string]string{"worker-a": "worker-a.kubeconfig", "worker-b": "worker-b.kubeconfig", "dev-admin": "kubeconfig"}
+
+// writeKubeconfigs writes a kubeconfig per user into dir, each atomically.
+func writeKubeconfigs(cp *localcp.ControlPlane, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, user := range []string{"worker-a", "worker-b", "dev-admin"} {
+		group := localcp.WorkersGroup
+		if user == "dev-admin" {
+			group = "system:masters"
+		}
+		u, err := cp.AddUser(user, group)
+		if err != nil {
+			return err
+		}
+		data, err := u.KubeConfig()
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(dir, kubeconfigs[user])
+		if err := os.WriteFile(path+".tmp", data, 0o600); err != nil {
+			return err
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return err
+		}
+	}
 	return nil
 }

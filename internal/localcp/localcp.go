@@ -56,6 +56,12 @@ type Options struct {
 	// own serving certificate (Env.WebhookInstallOptions tells where to serve).
 	// Otherwise call InstallWebhooks and run the operator with self-signed certificates.
 	EnvtestWebhooks bool
+	// Bare starts an empty cluster: no CRDs but CRDDirs, no namespace, RBAC
+	// or operator user, for installing fencekeeper as a release would
+	// (make dev BARE=1). Its API server resolves webhook Services through
+	// their EndpointSlices (--enable-aggregator-routing), since there is no
+	// cluster DNS or kube-proxy: whoever runs a pod publishes its address.
+	Bare bool
 }
 
 // ControlPlane is a running local control plane.
@@ -90,10 +96,17 @@ func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 		}
 	}
 	cp := &ControlPlane{Scheme: locksv1.Scheme, root: o.Root, opts: o}
+	crds := append([]string{filepath.Join(o.Root, "config", "crd", "bases")}, o.CRDDirs...)
+	if o.Bare {
+		crds = o.CRDDirs
+	}
 	cp.Env = &envtest.Environment{
-		CRDDirectoryPaths:     append([]string{filepath.Join(o.Root, "config", "crd", "bases")}, o.CRDDirs...),
+		CRDDirectoryPaths:     crds,
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: o.Assets,
+	}
+	if o.Bare {
+		cp.Env.ControlPlane.GetAPIServer().Configure().Set("enable-aggregator-routing", "true")
 	}
 	if o.EnvtestWebhooks {
 		hooks, err := cp.WebhookConfigurations()
@@ -105,6 +118,9 @@ func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 	var err error
 	if cp.Admin, err = cp.Env.Start(); err != nil {
 		return nil, fmt.Errorf("start the control plane: %w", err)
+	}
+	if o.Bare {
+		return cp, nil
 	}
 	if err := cp.install(ctx); err != nil {
 		_ = cp.Env.Stop()
