@@ -87,7 +87,7 @@ func FormatList(kinds []schema.GroupVersionResource) string {
 	return strings.Join(s, ",")
 }
 
-// IsBuiltin: ConfigMaps are covered by the generated webhook manifest (the
+// IsBuiltin says whether k is built in: ConfigMaps are covered by the generated webhook manifest (the
 // webhook markers), whatever is declared.
 func IsBuiltin(k schema.GroupVersionResource) bool {
 	return k.Group == "" && k.Resource == "configmaps"

@@ -49,7 +49,6 @@ func TestParse(t *testing.T) {
 	}
 }
 
-
 func TestConfigurationGaps(t *testing.T) {
 	widgets := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
 	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}

@@ -135,7 +135,8 @@ func startBareDev(t *testing.T, root, bin string) *devCluster {
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case err := <-exited:
+			_ = err // stopped; its exit status after SIGTERM says nothing
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
 			t.Errorf("fencekeeper-dev -bare did not stop on SIGTERM:\n%s", out.String())
@@ -237,41 +238,75 @@ func (c *devCluster) issueCertificates(t *testing.T) {
 // Service, and waits until the replica is ready.
 func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 	t.Helper()
-	ctx := context.Background()
 	var d appsv1.Deployment
-	if err := c.admin.Get(ctx, client.ObjectKey{Namespace: locksv1.DefaultNamespace, Name: "fencekeeper-controller-manager"}, &d); err != nil {
+	if err := c.admin.Get(context.Background(), client.ObjectKey{Namespace: locksv1.DefaultNamespace, Name: "fencekeeper-controller-manager"}, &d); err != nil {
 		t.Fatalf("the installation has no manager Deployment: %v", err)
 	}
-	pod := d.Spec.Template.Spec
-	container := pod.Containers[0]
+	container := d.Spec.Template.Spec.Containers[0]
+	// The image's entrypoint is the manager binary (Dockerfile); a command
+	// would replace it.
+	if len(container.Command) > 0 {
+		t.Fatalf("the manager container sets a command this kubelet cannot run: %q", container.Command)
+	}
 	podDir := t.TempDir()
+	env, vars := podEnv(t, &d, container)
+	env = append(env, "KUBECONFIG="+c.serviceAccountKubeconfig(t, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, podDir))
+	mounts := c.secretVolumes(t, &d, container, podDir)
+	webhookPort, probePort, metricsPort := freePort(t), freePort(t), freePort(t)
+	args := []string{fmt.Sprintf("--webhook-port=%d", webhookPort)}
+	for _, a := range container.Args {
+		a = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
+		for path, dir := range mounts {
+			a = strings.ReplaceAll(a, path, dir)
+		}
+		a = strings.Replace(a, "--health-probe-bind-address=:8081", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort), 1)
+		a = strings.Replace(a, "--metrics-bind-address=:8443", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), 1)
+		args = append(args, a)
+	}
+	startProcess(t, filepath.Join(bin, "manager"), args, env, filepath.Join(podDir, "manager.log"))
+	c.publishEndpoint(t, d.Namespace, webhookPort)
+	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d%s", probePort, container.ReadinessProbe.HTTPGet.Path))
+}
 
-	env := []string{"KUBECONFIG=" + c.serviceAccountKubeconfig(t, d.Namespace, pod.ServiceAccountName, podDir)}
+// podEnv resolves the container's environment as the kubelet would (the
+// downward API sources the manager uses) and returns it as KEY=value and
+// as a map for $(VAR) references in args.
+func podEnv(t *testing.T, d *appsv1.Deployment, container corev1.Container) ([]string, map[string]string) {
+	t.Helper()
+	var env []string
 	vars := map[string]string{}
 	for _, e := range container.Env {
 		v := e.Value
-		switch {
-		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
-			v = d.Namespace
-		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
-			v = d.Name + "-pod"
-		case e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory":
-			v = strconv.FormatInt(container.Resources.Limits.Memory().Value(), 10)
-		case e.ValueFrom != nil:
-			t.Fatalf("env %s: a source this kubelet does not know: %+v", e.Name, e.ValueFrom)
+		if from := e.ValueFrom; from != nil {
+			switch {
+			case from.FieldRef != nil && from.FieldRef.FieldPath == "metadata.namespace":
+				v = d.Namespace
+			case from.FieldRef != nil && from.FieldRef.FieldPath == "metadata.name":
+				v = d.Name + "-pod"
+			case from.ResourceFieldRef != nil && from.ResourceFieldRef.Resource == "limits.memory":
+				v = strconv.FormatInt(container.Resources.Limits.Memory().Value(), 10)
+			default:
+				t.Fatalf("env %s: a source this kubelet does not know: %+v", e.Name, from)
+			}
 		}
 		vars[e.Name] = v
 		env = append(env, e.Name+"="+v)
 	}
-	// Secret volumes become directories; their mount paths in the args point there.
+	return env, vars
+}
+
+// secretVolumes writes each secret volume the container mounts into a
+// directory and returns mount path → directory.
+func (c *devCluster) secretVolumes(t *testing.T, d *appsv1.Deployment, container corev1.Container, podDir string) map[string]string {
+	t.Helper()
 	mounts := map[string]string{}
 	for _, m := range container.VolumeMounts {
-		for _, v := range pod.Volumes {
+		for _, v := range d.Spec.Template.Spec.Volumes {
 			if v.Name != m.Name || v.Secret == nil {
 				continue
 			}
 			var s corev1.Secret
-			if err := c.admin.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: v.Secret.SecretName}, &s); err != nil {
+			if err := c.admin.Get(context.Background(), client.ObjectKey{Namespace: d.Namespace, Name: v.Secret.SecretName}, &s); err != nil {
 				t.Fatalf("volume %s: %v", v.Name, err)
 			}
 			dir := filepath.Join(podDir, "volumes", v.Name)
@@ -286,25 +321,16 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 			mounts[m.MountPath] = dir
 		}
 	}
-	webhookPort, probePort, metricsPort := freePort(t), freePort(t), freePort(t)
-	// The image's entrypoint is the manager binary (Dockerfile); a command
-	// would replace it.
-	if len(container.Command) > 0 {
-		t.Fatalf("the manager container sets a command this kubelet cannot run: %q", container.Command)
-	}
-	args := []string{fmt.Sprintf("--webhook-port=%d", webhookPort)}
-	for _, a := range container.Args {
-		a = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
-		for path, dir := range mounts {
-			a = strings.ReplaceAll(a, path, dir)
-		}
-		a = strings.Replace(a, "--health-probe-bind-address=:8081", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort), 1)
-		a = strings.Replace(a, "--metrics-bind-address=:8443", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), 1)
-		args = append(args, a)
-	}
-	cmd := exec.Command(filepath.Join(bin, "manager"), args...)
+	return mounts
+}
+
+// startProcess runs the container's process until the test ends, and shows
+// the end of its log if the test failed.
+func startProcess(t *testing.T, path string, args, env []string, logPath string) {
+	t.Helper()
+	cmd := exec.Command(path, args...)
 	cmd.Env = env
-	logs, err := os.Create(filepath.Join(podDir, "manager.log"))
+	logs, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,29 +342,35 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_, _ = cmd.Process.Wait()
 		if t.Failed() {
-			data, _ := os.ReadFile(logs.Name())
-			t.Logf("manager %v:\n%s", args, tail(data, 60))
+			data, _ := os.ReadFile(logPath)
+			t.Logf("%s %v:\n%s", filepath.Base(path), args, tail(data, 60))
 		}
 	})
+}
 
-	// The EndpointSlice controller: the webhook Service's endpoint is this process.
-	ip := hostIP(t)
+// publishEndpoint does the EndpointSlice controller's part: the webhook
+// Service's one endpoint is this host at port.
+func (c *devCluster) publishEndpoint(t *testing.T, ns string, port int) {
+	t.Helper()
+	ctx := context.Background()
 	var svc corev1.Service
-	if err := c.admin.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: "fencekeeper-webhook-service"}, &svc); err != nil {
+	if err := c.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fencekeeper-webhook-service"}, &svc); err != nil {
 		t.Fatal(err)
 	}
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: d.Namespace, Name: svc.Name + "-pod", Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: svc.Name + "-pod", Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(svc.Spec.Ports[0].Name), Port: ptr.To(int32(webhookPort)), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{hostIP(t)}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(svc.Spec.Ports[0].Name), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	}
 	if err := c.admin.Create(ctx, slice); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	// The readiness probe, as the Deployment declares it.
-	probe := fmt.Sprintf("http://127.0.0.1:%d%s", probePort, container.ReadinessProbe.HTTPGet.Path)
+// waitReady polls the readiness probe's URL until it answers 200.
+func waitReady(t *testing.T, probe string) {
+	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		resp, err := http.Get(probe)
