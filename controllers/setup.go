@@ -84,7 +84,12 @@ func CacheOptions(namespace string) cache.Options {
 	if namespace == "" {
 		namespace = locksv1.DefaultNamespace
 	}
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-	}}
+	return cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+		},
+		// Nothing here reads managedFields; at 10,000 entries with grants
+		// they are a large part of what the cache holds.
+		DefaultTransform: cache.TransformStripManagedFields(),
+	}
 }
