@@ -159,57 +159,61 @@ Running acquire again with the same --request-id finds the same request.`,
 }
 
 func (o *options) renewCmd() *cobra.Command {
-	var timeout time.Duration
-	cmd := &cobra.Command{
-		Use:               "renew LOCKGRANT",
-		Short:             "Renew a held grant's lease (the issuer applies it only before expiry)",
-		Args:              exactArgs("LOCKGRANT"),
-		ValidArgsFunction: o.completeFirst(lockGrantNames),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := lockGrantType.nameArgs(args); err != nil {
-				return err
-			}
-			limit, _, err := o.waitLimit(timeout)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), limit)
-			defer cancel()
-			var want int64
-			lg, err := o.updateGrant(ctx, args[0], func(lg *locksv1.LockGrant) error {
-				if lg.Status.Phase != locksv1.PhaseHeld {
-					return fmt.Errorf("LockGrant %s is %s, not Held: only a held grant can be renewed; acquire again", lg.Name, viewOf(lg).Phase)
-				}
-				lg.Spec.Renewals++
-				want = lg.Spec.Renewals
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			lg, err = o.waitGrant(ctx, lg, func(lg *locksv1.LockGrant) bool {
-				return lg.Status.Phase != locksv1.PhaseHeld || lg.Status.ObservedRenewals >= want
-			})
-			if err != nil {
-				return fmt.Errorf("renewal of %s sent but not confirmed within %s (ownership unknown): %w", args[0], limit, err)
-			}
+	var want int64
+	return o.grantChangeCmd(grantChange{
+		use:   "renew LOCKGRANT",
+		short: "Renew a held grant's lease (the issuer applies it only before expiry)",
+		change: func(lg *locksv1.LockGrant) error {
 			if lg.Status.Phase != locksv1.PhaseHeld {
-				_ = o.printGrant(lg)
-				return exitError{1}
+				return fmt.Errorf("LockGrant %s is %s, not Held: only a held grant can be renewed; acquire again", lg.Name, viewOf(lg).Phase)
 			}
-			return o.printGrant(lg)
+			lg.Spec.Renewals++
+			want = lg.Spec.Renewals
+			return nil
 		},
-	}
-	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "How long to wait for the issuer to confirm.")
-	o.addOutputFlags(cmd, supportsName)
-	return cmd
+		answered: func(lg *locksv1.LockGrant) bool {
+			return lg.Status.Phase != locksv1.PhaseHeld || lg.Status.ObservedRenewals >= want
+		},
+		unconfirmed: "renewal of %s sent but not confirmed within %s (ownership unknown): %w",
+		failed:      func(lg *locksv1.LockGrant) bool { return lg.Status.Phase != locksv1.PhaseHeld },
+	})
 }
 
 func (o *options) releaseCmd() *cobra.Command {
+	return o.grantChangeCmd(grantChange{
+		use:   "release LOCKGRANT",
+		short: "Release a grant (or withdraw a queued request); the next waiter gets fence+1",
+		change: func(lg *locksv1.LockGrant) error {
+			lg.Spec.Release = true
+			return nil
+		},
+		answered: func(lg *locksv1.LockGrant) bool {
+			p := lg.Status.Phase
+			return p != "" && p != locksv1.PhasePending && p != locksv1.PhaseHeld
+		},
+		unconfirmed: "release of %s sent but not confirmed within %s: %w",
+		failed:      func(*locksv1.LockGrant) bool { return false },
+	})
+}
+
+// grantChange is a command that changes one LockGrant's spec and waits for
+// the issuer's answer: renew and release.
+type grantChange struct {
+	use, short string
+	// change edits the spec (or refuses); answered says the issuer acted on it.
+	change   func(*locksv1.LockGrant) error
+	answered func(*locksv1.LockGrant) bool
+	// unconfirmed formats the error (name, limit, cause) when no answer came.
+	unconfirmed string
+	// failed says the answer is a failure: printed, exit code 1.
+	failed func(*locksv1.LockGrant) bool
+}
+
+func (o *options) grantChangeCmd(g grantChange) *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:               "release LOCKGRANT",
-		Short:             "Release a grant (or withdraw a queued request); the next waiter gets fence+1",
+		Use:               g.use,
+		Short:             g.short,
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -222,19 +226,16 @@ func (o *options) releaseCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), limit)
 			defer cancel()
-			lg, err := o.updateGrant(ctx, args[0], func(lg *locksv1.LockGrant) error {
-				lg.Spec.Release = true
-				return nil
-			})
+			lg, err := o.updateGrant(ctx, args[0], g.change)
 			if err != nil {
 				return err
 			}
-			lg, err = o.waitGrant(ctx, lg, func(lg *locksv1.LockGrant) bool {
-				p := lg.Status.Phase
-				return p != "" && p != locksv1.PhasePending && p != locksv1.PhaseHeld
-			})
-			if err != nil {
-				return fmt.Errorf("release of %s sent but not confirmed within %s: %w", args[0], limit, err)
+			if lg, err = o.waitGrant(ctx, lg, g.answered); err != nil {
+				return fmt.Errorf(g.unconfirmed, args[0], limit, err)
+			}
+			if g.failed(lg) {
+				_ = o.printGrant(lg)
+				return exitError{1}
 			}
 			return o.printGrant(lg)
 		},
