@@ -29,7 +29,7 @@ type Operator struct {
 // patched in by the operator. It returns once the operator issues grants and
 // the API server trusts its webhooks.
 func (cp *ControlPlane) RunOperator(ctx context.Context, o operator.Options) (*Operator, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +151,9 @@ func (cp *ControlPlane) warmUpWebhooks(ctx context.Context) error {
 	return fmt.Errorf("the API server cannot reach the operator's webhooks: %w", last)
 }
 
-func freePort() (int, error) {
+// FreePort is a TCP port on 127.0.0.1 that was free a moment ago, for a
+// process the caller starts next.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -252,15 +251,15 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/manager: %v\n%s", err, out)
 	}
-	webhookPort, err := freePort()
+	webhookPort, err := localcp.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	metricsPort, err := freePort()
+	metricsPort, err := localcp.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	probePort, err := freePort()
+	probePort, err := localcp.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +356,7 @@ type inProcess struct {
 }
 
 func startInProcess(ctx context.Context, cp *localcp.ControlPlane, cfg *config) (*inProcess, error) {
-	port, err := freePort()
+	port, err := localcp.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -456,15 +455,6 @@ func children() map[int]string {
 		out[pid] = s[open+1 : closing]
 	}
 	return out
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func httpGet(ctx context.Context, url string) (string, error) {

@@ -252,7 +252,14 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 	env, vars := podEnv(t, &d, container)
 	env = append(env, "KUBECONFIG="+c.serviceAccountKubeconfig(t, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, podDir))
 	mounts := c.secretVolumes(t, &d, container, podDir)
-	webhookPort, probePort, metricsPort := freePort(t), freePort(t), freePort(t)
+	var ports [3]int
+	for i := range ports {
+		var err error
+		if ports[i], err = localcp.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	webhookPort, probePort, metricsPort := ports[0], ports[1], ports[2]
 	args := []string{fmt.Sprintf("--webhook-port=%d", webhookPort)}
 	for _, a := range container.Args {
 		a = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
@@ -450,15 +457,6 @@ func (c *devCluster) tour(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // hostIP is this machine's first non-loopback IPv4 address: an EndpointSlice
 // may not name a loopback address.
