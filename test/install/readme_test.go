@@ -457,7 +457,6 @@ func (c *devCluster) tour(t *testing.T) {
 	}
 }
 
-
 // hostIP is this machine's first non-loopback IPv4 address: an EndpointSlice
 // may not name a loopback address.
 func hostIP(t *testing.T) string {
