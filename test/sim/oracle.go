@@ -105,6 +105,7 @@ const (
 	vPlantedInherited
 	vPlantedObserved
 	vUnknownMisresolved
+	vUncoveredEntry
 	vLiveness
 	vNotLinearizable
 	vSimulator
@@ -116,7 +117,8 @@ var violationNames = [...]string{"accepted stale write", "accepted forged/tamper
 	"accepted skipped segment", "accepted regressed token", "mutation not checked",
 	"accepted write with a wrong receipt log", "deletion not declared by the current holder",
 	"write that drops the protection label or annotation landed", "planted receipts inherited by an accepted write",
-	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly", "liveness",
+	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly",
+	"registry entry admitted for a kind the webhook does not see", "liveness",
 	"history not linearizable", "simulator error"}
 
 // Violation is one broken rule in one schedule.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -384,6 +385,11 @@ func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Objec
 			if a.r.w.terminating {
 				o.DeletionTimestamp = &metav1.Time{Time: a.r.w.now}
 			}
+			return nil
+		}
+	case *admissionregistrationv1.ValidatingWebhookConfiguration:
+		if key.Name == a.r.w.webhooks.Name {
+			a.r.w.webhooks.DeepCopyInto(o)
 			return nil
 		}
 	case *corev1.ConfigMap:

@@ -66,6 +66,8 @@ func (c *Counters) Gates() []Gate {
 		zero("Writes that drop the protection label or annotation landed", vProtectionDropped, ""),
 		zero("Planted receipts inherited by an accepted write", vPlantedInherited, ""),
 		zero("highestObservedFence raised by planted fence state", vPlantedObserved, ""),
+		zero("Registry entries admitted for a kind the webhook configuration does not route", vUncoveredEntry,
+			fmt.Sprintf("%s such entries tried, %s refused", thousands(c.UncoveredEntries), thousands(c.EntriesRefused))),
 		{Name: "Unfenced creates in the documented index-lag window (security.md, Known limits)", Bar: "reported",
 			Measured: fmt.Sprintf("%s (%s index lookups answered while lagging)", thousands(c.KnownLimitWrites), thousands(c.IndexLagLookups)),
 			Pass:     true},

@@ -69,11 +69,12 @@ func newResource(w *world) *resource {
 	return s
 }
 
-// routed is the webhook configuration's matching: vprotected sees labelled
-// objects (old or new), vprotected-enrolled the unlabelled ones in enrolled
-// namespaces. Both cover CREATE, UPDATE and DELETE.
-func (s *resource) routed(old, obj map[string]any) bool {
-	return isProtected(old) || isProtected(obj) || s.enrolled
+// routed is the webhook configuration's matching: its rules must route the
+// object's kind and the operation (apiServerRoutes); then vprotected sees
+// labelled objects (old or new), vprotected-enrolled the unlabelled ones in
+// enrolled namespaces.
+func (s *resource) routed(op admissionv1.Operation, old, obj map[string]any) bool {
+	return apiServerRoutes(s.w.webhooks, s.w.kind, op) && (isProtected(old) || isProtected(obj) || s.enrolled)
 }
 
 // serve answers a read, a write or a delete of the protected object.
@@ -113,11 +114,11 @@ func (s *resource) serve(req *request) *reply {
 		metadata(obj)["uid"] = uidOf(old)
 	}
 	allowed := true
-	if s.routed(old, obj) {
-		op := admissionv1.Update
-		if old == nil {
-			op = admissionv1.Create
-		}
+	op := admissionv1.Update
+	if old == nil {
+		op = admissionv1.Create
+	}
+	if s.routed(op, old, obj) {
 		resp := s.admit(op, req.user, obj)
 		rp.verdict, rp.message = verdictOf(resp)
 		allowed = resp.Allowed
@@ -158,11 +159,15 @@ func (s *resource) serveDelete(req *request, rp *reply) *reply {
 		s.w.res.countRefusal(rp.status, req.fault)
 		return rp
 	}
-	resp := s.admit(admissionv1.Delete, req.user, nil)
-	rp.verdict, rp.message = verdictOf(resp)
-	s.w.res.countVerdict(rp.verdict, req.fault)
-	s.w.oracle.judgeDelete(req, resp.Allowed, rp.verdict)
-	if !resp.Allowed {
+	allowed := true
+	if s.routed(admissionv1.Delete, old, nil) {
+		resp := s.admit(admissionv1.Delete, req.user, nil)
+		rp.verdict, rp.message = verdictOf(resp)
+		s.w.res.countVerdict(rp.verdict, req.fault)
+		allowed = resp.Allowed
+	}
+	s.w.oracle.judgeDelete(req, allowed, rp.verdict)
+	if !allowed {
 		rp.status = replyDenied
 		s.w.tracef("object: delete by %s DENIED %s", req.user, rp.message)
 		return rp

@@ -32,6 +32,12 @@ type Config struct {
 	// Acceptance wraps the acceptance point (the real webhook). Tests use it
 	// to break a rule on purpose and show that the oracle notices.
 	Acceptance func(AcceptFunc) AcceptFunc
+	// EntryAdmission wraps the FencedResource webhook's decision on the
+	// schedule's entry, as Acceptance does the acceptance point's.
+	EntryAdmission func(EntryAdmitFunc) EntryAdmitFunc
+	// UncoveredKindOneIn: one schedule in this many registers a kind the
+	// webhook configuration does not route (0: the default, 50; -1: none).
+	UncoveredKindOneIn int
 	// Trace records one line per event (slow: for replaying a seed).
 	Trace bool
 	// StopAtFirstViolation ends a schedule at its first violation.
@@ -62,6 +68,11 @@ type Counters struct {
 	// because a registry restore took back the record of the deletion.
 	DeletedMemoryLostWrites int64
 	IndexLagLookups         int64 // target-index lookups answered while the index lagged
+	// UncoveredEntries: schedules whose entry named a kind the webhook
+	// configuration does not route; EntriesRefused: entries the
+	// FencedResource webhook refused.
+	UncoveredEntries int64
+	EntriesRefused   int64
 
 	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
 	UnknownApplied       int64
@@ -122,6 +133,8 @@ func (c *Counters) add(o *Counters) {
 	c.KnownLimitWrites += o.KnownLimitWrites
 	c.DeletedMemoryLostWrites += o.DeletedMemoryLostWrites
 	c.IndexLagLookups += o.IndexLagLookups
+	c.UncoveredEntries += o.UncoveredEntries
+	c.EntriesRefused += o.EntriesRefused
 	c.UnknownOutcomes += o.UnknownOutcomes
 	c.UnknownApplied += o.UnknownApplied
 	c.UnknownAbsent += o.UnknownAbsent

@@ -14,6 +14,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -219,4 +220,27 @@ func TestRegisterModel(t *testing.T) {
 			t.Errorf("%s: linearizable = %t, want %t", c.name, got, c.legal)
 		}
 	}
+}
+
+// TestUncoveredKindEntries: every schedule registering a kind the webhook
+// configuration does not route has its entry refused by the real
+// FencedResource webhook; admitted anyway (the rule before issue 12's fix),
+// the oracle reports the entry and the unchecked writes that follow.
+func TestUncoveredKindEntries(t *testing.T) {
+	rep := Run(1, 200, 0, Config{UncoveredKindOneIn: 1}, nil)
+	if rep.UncoveredEntries != rep.Schedules || rep.EntriesRefused != rep.Schedules || rep.FailedCount > 0 {
+		t.Fatalf("%d schedules, %d uncovered entries, %d refused, %d failed (violations %v)",
+			rep.Schedules, rep.UncoveredEntries, rep.EntriesRefused, rep.FailedCount, rep.Violated)
+	}
+	admitAll := func(EntryAdmitFunc) EntryAdmitFunc {
+		return func(context.Context, *locksv1.FencedResource) error { return nil }
+	}
+	rep = Run(1, 200, 0, Config{UncoveredKindOneIn: 1, EntryAdmission: admitAll}, nil)
+	if rep.Violated[vUncoveredEntry] != rep.Schedules {
+		t.Fatalf("the oracle reported %d admitted uncovered entries over %d schedules", rep.Violated[vUncoveredEntry], rep.Schedules)
+	}
+	if rep.Violated[vStaleWrite]+rep.Violated[vOtherAuthAccepted]+rep.Violated[vForgedAccepted] == 0 {
+		t.Fatalf("no unchecked write was caught once the entry was admitted (violations %v)", rep.Violated)
+	}
+	t.Logf("admitted anyway: violations %v; first: %s", rep.Violated, rep.Failed[0].Describe())
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	testingclock "k8s.io/utils/clock/testing"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -150,9 +152,17 @@ type world struct {
 	indexLagUntil time.Time
 	// terminating: the namespace is being deleted (the teardown at the end).
 	terminating bool
-	res         *Result
-	actions     []action
-	envelopes   map[string]parsedEnvelope // see readEnvelope
+	// webhooks is the installation's webhook configuration; kind is the
+	// protected object's resource (configmaps, or gadgets when uncovered).
+	webhooks  *admissionregistrationv1.ValidatingWebhookConfiguration
+	kind      schema.GroupVersionResource
+	uncovered bool
+	// entryRefused: the FencedResource webhook refused the schedule's entry,
+	// which ends the schedule.
+	entryRefused bool
+	res          *Result
+	actions      []action
+	envelopes    map[string]parsedEnvelope // see readEnvelope
 }
 
 type actionKind int
@@ -173,7 +183,7 @@ type action struct {
 
 func newWorld(seed uint64, cfg Config) *world {
 	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simStart,
-		envelopes: map[string]parsedEnvelope{}}
+		envelopes: map[string]parsedEnvelope{}, webhooks: installedWebhooks(), kind: configMapsGVR, uncovered: uncoveredKindSchedule(seed, cfg)}
 	w.clock = testingclock.NewFakeClock(w.now)
 	w.res = &Result{Seed: seed}
 	w.res.Counters.init()
@@ -188,6 +198,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		w.workers = append(w.workers, newWorker(w, fmt.Sprintf("worker-%d", i+1), 1+w.rng.IntN(2), 1+w.rng.IntN(3)))
 	}
 	w.tracef("schedule seed %d: %d workers; faults enabled: %s", seed, n, w.faults)
+	w.register()
 	switch {
 	case w.faults.planned(FaultPlantedOwnForgery):
 		w.adv.startIndexLag(FaultPlantedOwnForgery)
@@ -213,7 +224,7 @@ func (w *world) run() *Result {
 			break
 		}
 	}
-	if w.faults.planned(FaultNamespaceTeardown) && !(w.cfg.StopAtFirstViolation && len(w.res.Violations) > 0) {
+	if w.faults.planned(FaultNamespaceTeardown) && !w.entryRefused && !(w.cfg.StopAtFirstViolation && len(w.res.Violations) > 0) {
 		w.teardown()
 	}
 	w.finish()
@@ -221,6 +232,9 @@ func (w *world) run() *Result {
 }
 
 func (w *world) done() bool {
+	if w.entryRefused {
+		return true
+	}
 	if !w.quiet {
 		return false
 	}

@@ -1,0 +1,132 @@
+package sim
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/webhooks"
+)
+
+// The installation the simulated API server routes by. Issue 12 found that a
+// FencedResource could be created for a kind whose writes never reach the
+// acceptance webhook: every write of its target then landed unchecked, and a
+// model that only sends writes to the webhook could not see it. So each
+// schedule's entry is admitted by the real FencedResource webhook, and the
+// object's writes reach the acceptance webhook only when the configuration's
+// rules route its kind there.
+var (
+	configMapsGVR = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	// gadgetsGVR is served by the API server but not declared protected.
+	gadgetsGVR = schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "gadgets"}
+)
+
+// uncoveredKindOneIn: by default one schedule in this many registers its
+// object as a Gadget, a kind the webhook configuration does not route.
+const uncoveredKindOneIn = 50
+
+// EntryAdmitFunc is the FencedResource webhook's decision on a create.
+type EntryAdmitFunc func(context.Context, *locksv1.FencedResource) error
+
+// installedWebhooks is the webhook configuration as the operator keeps it
+// with widgets.example.com declared: both protected entries route ConfigMaps
+// and widgets (with every subresource), nothing else. Written out here, not
+// built with the operator's code, so that the routing below is the model's.
+func installedWebhooks() *admissionregistrationv1.ValidatingWebhookConfiguration {
+	ops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
+	rules := []admissionregistrationv1.RuleWithOperations{
+		{Operations: ops, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}},
+		{Operations: ops, Rule: admissionregistrationv1.Rule{APIGroups: []string{"example.com"}, APIVersions: []string{"v1"}, Resources: []string{"widgets", "widgets/*"}}},
+	}
+	path := locksv1.ProtectedWebhookPath
+	entry := func(name string) admissionregistrationv1.ValidatingWebhook {
+		return admissionregistrationv1.ValidatingWebhook{Name: name, Rules: rules,
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "webhook", Path: &path}}}
+	}
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: locksv1.WebhookConfigurationName, Annotations: map[string]string{locksv1.AnnotationProtectedKinds: "widgets.example.com/v1"}},
+		Webhooks:   []admissionregistrationv1.ValidatingWebhook{entry("vprotected.fencekeeper.dev"), entry("vprotected-enrolled.fencekeeper.dev")},
+	}
+}
+
+// apiServerRoutes is the API server's matching of rules
+// (admissionregistration/v1): a request goes to a protected entry when one
+// of its rules names the group, version, resource and operation ("*" names
+// any). Selectors are modelled by resource.routed.
+func apiServerRoutes(cfg *admissionregistrationv1.ValidatingWebhookConfiguration, gvr schema.GroupVersionResource, op admissionv1.Operation) bool {
+	in := func(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }
+	for _, w := range cfg.Webhooks {
+		if w.ClientConfig.Service == nil || w.ClientConfig.Service.Path == nil || *w.ClientConfig.Service.Path != locksv1.ProtectedWebhookPath {
+			continue
+		}
+		for _, r := range w.Rules {
+			ops := make([]string, len(r.Operations))
+			for i, o := range r.Operations {
+				ops[i] = string(o)
+			}
+			if in(r.APIGroups, gvr.Group) && in(r.APIVersions, gvr.Version) && in(r.Resources, gvr.Resource) && in(ops, string(op)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// simMapper serves the kinds of the simulated API server.
+func simMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper(nil)
+	m.Add(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, meta.RESTScopeNamespace)
+	m.Add(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Widget"}, meta.RESTScopeNamespace)
+	m.Add(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Gadget"}, meta.RESTScopeNamespace)
+	return m
+}
+
+// uncoveredKindSchedule decides from the seed alone, on a stream of its own
+// (the schedule's random stream, and so every other schedule, stays as it
+// was), whether this schedule's object is a Gadget.
+func uncoveredKindSchedule(seed uint64, cfg Config) bool {
+	n := cfg.UncoveredKindOneIn
+	if n == 0 {
+		n = uncoveredKindOneIn
+	}
+	return n > 0 && rand.New(rand.NewPCG(seed, 0x6b696e64)).IntN(n) == 0
+}
+
+// register creates the schedule's FencedResource through the real
+// FencedResource webhook. A refused entry ends the schedule: there is
+// nothing to lock. The model's own routing says what the entry would protect.
+func (w *world) register() {
+	if w.uncovered {
+		w.res.UncoveredEntries++
+		w.kind = gadgetsGVR
+		w.reg.fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Gadget", Name: objectName}
+	}
+	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName}
+	admit := EntryAdmitFunc(func(ctx context.Context, fr *locksv1.FencedResource) error {
+		_, err := v.ValidateCreate(ctx, fr)
+		return err
+	})
+	if w.cfg.EntryAdmission != nil {
+		admit = w.cfg.EntryAdmission(admit)
+	}
+	err := admit(context.Background(), w.reg.fr.DeepCopy())
+	routed := apiServerRoutes(w.webhooks, w.kind, admissionv1.Create) && apiServerRoutes(w.webhooks, w.kind, admissionv1.Update) &&
+		apiServerRoutes(w.webhooks, w.kind, admissionv1.Delete)
+	switch {
+	case err != nil && routed:
+		w.oracle.violation(vSimulator, "the entry for a routed kind %s was refused: %v", w.kind, err)
+	case err != nil:
+		w.entryRefused = true
+		w.res.EntriesRefused++
+		w.tracef("registry: entry for %s refused: %v", w.kind, err)
+	case !routed:
+		w.oracle.violation(vUncoveredEntry, "entry admitted for %s, whose writes the webhook configuration does not route", w.kind)
+	}
+}
