@@ -70,12 +70,7 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	} else if err != nil {
 		return nil, fmt.Errorf("read FencedResource %s/%s: %w", lg.Namespace, lg.Spec.Resource, err)
 	}
-	var list locksv1.LockGrantList
-	// spec.resource is a selectable field of the CRD, so the server filters.
-	if err := v.Reader.List(ctx, &list, client.InNamespace(lg.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: lg.Spec.Resource}); err != nil {
-		return nil, fmt.Errorf("list LockGrants in %s: %w", lg.Namespace, err)
-	}
-	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, lg, &fr, list.Items))
+	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, lg, &fr))
 }
 
 // invalidLockGrant is the 422 answer for errs (nil when there are none).
@@ -189,8 +184,8 @@ func phaseOf(lg *locksv1.LockGrant) string {
 }
 
 // validateLockGrantCreate checks a new request against the requesting user,
-// the FencedResource's policy and the resource's other requests.
-func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.FencedResource, existing []locksv1.LockGrant) field.ErrorList {
+// the FencedResource's policy and the request's name.
+func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.FencedResource) field.ErrorList {
 	spec := field.NewPath("spec")
 	if lg.Spec.Owner != user {
 		return field.ErrorList{field.Invalid(spec.Child("owner"), lg.Spec.Owner,
@@ -202,11 +197,13 @@ func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.Fen
 	case locksv1.ReasonCategoryDenied:
 		return field.ErrorList{field.NotSupported(spec.Child("operationCategory"), lg.Spec.OperationCategory, fr.Spec.OperationCategories)}
 	}
-	for _, other := range existing {
-		if other.Name != lg.Name && other.Spec.Resource == lg.Spec.Resource && other.Spec.RequestID == lg.Spec.RequestID {
-			return field.ErrorList{field.Invalid(spec.Child("requestID"), lg.Spec.RequestID,
-				fmt.Sprintf("already used by LockGrant %s for resource %s: reuse that LockGrant instead of creating a second identity", other.Name, lg.Spec.Resource))}
-		}
+	// One request, one name: the API server's name uniqueness then refuses a
+	// second LockGrant for the same requestID atomically (AlreadyExists),
+	// where a list of the resource's LockGrants was racy and grew with its
+	// history.
+	if want := locksv1.LockGrantName(lg.Spec.Resource, lg.Spec.RequestID); lg.Name != want {
+		return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), lg.Name,
+			fmt.Sprintf("must be %q, the name of the request (spec.resource, spec.requestID): one name per request, so a requestID cannot get a second identity (kubectl fence acquire and pkg/lockclient name it so)", want))}
 	}
 	return nil
 }

@@ -25,32 +25,46 @@ func TestEnforcementRatchet(t *testing.T) {
 func TestLockGrantValidation(t *testing.T) {
 	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: "batch"},
 		Spec: locksv1.FencedResourceSpec{AllowedOwners: []string{"a"}, OperationCategories: []string{"settle"}}}
-	lg := func(name, owner, req, cat string) *locksv1.LockGrant {
-		return &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name},
+	lg := func(owner, req, cat string) *locksv1.LockGrant {
+		return &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: locksv1.LockGrantName("batch", req)},
 			Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: owner, RequestID: req, OperationCategory: cat}}
 	}
+	renamed := func(l *locksv1.LockGrant, name string) *locksv1.LockGrant { l.Name = name; return l }
 	cases := map[string]struct {
-		user     string
-		lg       *locksv1.LockGrant
-		existing []locksv1.LockGrant
-		field    string // the path the error names ("" when valid)
-		want     string
+		user  string
+		lg    *locksv1.LockGrant
+		field string // the path the error names ("" when valid)
+		want  string
 	}{
-		"ok":                {"a", lg("x", "a", "r", "settle"), nil, "", ""},
-		"other owner":       {"b", lg("x", "a", "r", "settle"), nil, "spec.owner", "must equal the requesting user"},
-		"not allowed":       {"c", lg("x", "c", "r", "settle"), nil, "spec.owner", "allowedOwners"},
-		"category":          {"a", lg("x", "a", "r", "refund"), nil, "spec.operationCategory", `supported values: "settle"`},
-		"duplicate":         {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("y", "a", "r", "settle")}, "spec.requestID", "already used by LockGrant y"},
-		"same object again": {"a", lg("x", "a", "r", "settle"), []locksv1.LockGrant{*lg("x", "a", "r", "settle")}, "", ""},
+		"ok":            {"a", lg("a", "r", "settle"), "", ""},
+		"other owner":   {"b", lg("a", "r", "settle"), "spec.owner", "must equal the requesting user"},
+		"not allowed":   {"c", lg("c", "r", "settle"), "spec.owner", "allowedOwners"},
+		"category":      {"a", lg("a", "r", "refund"), "spec.operationCategory", `supported values: "settle"`},
+		"another name":  {"a", renamed(lg("a", "r", "settle"), "batch-r-second"), "metadata.name", `must be "` + locksv1.LockGrantName("batch", "r") + `"`},
+		"generateName":  {"a", renamed(lg("a", "r", "settle"), ""), "metadata.name", "one name per request"},
+		"other request": {"a", renamed(lg("a", "r", "settle"), locksv1.LockGrantName("batch", "q")), "metadata.name", "must be"},
 	}
 	for name, c := range cases {
-		errs := validateLockGrantCreate(c.user, c.lg, fr, c.existing)
+		errs := validateLockGrantCreate(c.user, c.lg, fr)
 		switch {
 		case c.field == "" && len(errs) > 0:
 			t.Errorf("%s: %v", name, errs)
 		case c.field != "" && (len(errs) != 1 || errs[0].Field != c.field || !strings.Contains(errs[0].Error(), c.want)):
 			t.Errorf("%s: got %v, want %s: …%s…", name, errs, c.field, c.want)
 		}
+	}
+}
+
+func TestLockGrantName(t *testing.T) {
+	long := strings.Repeat("r", 253)
+	for _, c := range []struct{ resource, req string }{{"batch", "r1"}, {"batch", "r2"}, {long, "r1"}} {
+		n := locksv1.LockGrantName(c.resource, c.req)
+		if len(n) > 253 || !strings.HasPrefix(n, c.resource[:min(len(c.resource), 200)]+"-") || n != locksv1.LockGrantName(c.resource, c.req) {
+			t.Errorf("LockGrantName(%.20q, %q) = %q: want a stable name of at most 253 characters starting with the resource", c.resource, c.req, n)
+		}
+	}
+	if locksv1.LockGrantName("batch", "r1") == locksv1.LockGrantName("batch", "r2") || locksv1.LockGrantName("a", "b-c") == locksv1.LockGrantName("a-b", "c") {
+		t.Error("two requests share a name")
 	}
 }
 

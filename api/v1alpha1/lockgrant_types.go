@@ -98,6 +98,9 @@ type LockGrantSpec struct {
 	Owner string `json:"owner"`
 
 	// requestID is the idempotency key: one LockGrant per resource and requestID.
+	// The LockGrant's name must be the request's name (LockGrantName: the
+	// resource name, a dash and 16 hex digits of SHA-256 over resource and
+	// requestID), so the API server's name uniqueness enforces it.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
@@ -213,6 +216,7 @@ type LockGrantStatus struct {
 // as <invalid>. (Kept apart from the type's doc, which kubectl explain shows.)
 
 // LockGrant is one acquisition attempt on a FencedResource and, once issued, its signed grant.
+// Its name is fixed by spec.resource and spec.requestID (see requestID).
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status

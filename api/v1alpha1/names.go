@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -77,6 +80,21 @@ const (
 // kind is the same object.
 func TargetKey(group, kind, name string) string {
 	return group + "/" + kind + "/" + name
+}
+
+// LockGrantName is the name of the LockGrant requesting resource with
+// requestID: the resource name (cut to 200 characters), a dash, and 16 hex
+// digits of SHA-256 over both. The LockGrant webhook admits a LockGrant only
+// under this name, so the API server's name uniqueness makes (resource,
+// requestID) unique atomically — no racy list of the resource's history —
+// and a client whose create response was lost finds its request with a GET.
+func LockGrantName(resource, requestID string) string {
+	sum := sha256.Sum256([]byte(resource + "\x00" + requestID))
+	name := resource
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	return name + "-" + hex.EncodeToString(sum[:8])
 }
 
 // OperatorUsername is the Kubernetes user name of the operator's service

@@ -125,7 +125,7 @@ Running acquire again with the same --request-id finds the same request.`,
 				// The deadline, or the client's request timeout ending a watch.
 				if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 					return fmt.Errorf("not granted within %s (%s): LockGrant %s is still queued; run the same command with --request-id %s to keep waiting, or 'kubectl fence release %s' to withdraw",
-						limit, limitFlag, lockclient.GrantName(args[0], opts.RequestID), opts.RequestID, lockclient.GrantName(args[0], opts.RequestID))
+						limit, limitFlag, locksv1.LockGrantName(args[0], opts.RequestID), opts.RequestID, locksv1.LockGrantName(args[0], opts.RequestID))
 				}
 				return explainAPI(err, "FencedResource "+args[0])
 			}

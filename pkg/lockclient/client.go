@@ -44,17 +44,6 @@ func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Cli
 // Identity is the owner this client claims as.
 func (c *Client) Identity() string { return c.identity }
 
-// GrantName is the LockGrant name for a request: deterministic, so that a
-// retry after a lost response finds the object the first attempt created.
-func GrantName(resource, requestID string) string {
-	sum := sha256.Sum256([]byte(resource + "\x00" + requestID))
-	name := resource
-	if len(name) > 200 {
-		name = name[:200]
-	}
-	return name + "-" + hex.EncodeToString(sum[:8])
-}
-
 // NewRequestID returns a random request ID. Persist it before acquiring if a
 // restarted worker must find its request again.
 func NewRequestID() string {

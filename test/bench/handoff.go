@@ -136,7 +136,7 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, warmup, 
 			l, err := next.c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: reqID})
 			ch <- acquired{l, time.Now(), err}
 		}()
-		if _, err := ph.wait(ctx, lockclient.GrantName(resource, reqID), locksv1.PhasePending); err != nil {
+		if _, err := ph.wait(ctx, locksv1.LockGrantName(resource, reqID), locksv1.PhasePending); err != nil {
 			return nil, err
 		}
 		select {
@@ -542,7 +542,7 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 			l, err := next.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: reqID})
 			ch <- acquired{l, time.Now(), err}
 		}()
-		first, err := ph.wait(ctx, lockclient.GrantName(resource, reqID), locksv1.PhasePending, locksv1.PhaseHeld)
+		first, err := ph.wait(ctx, locksv1.LockGrantName(resource, reqID), locksv1.PhasePending, locksv1.PhaseHeld)
 		if err != nil {
 			return err
 		}
@@ -610,7 +610,7 @@ func (e *env) registryWatchHandoffs(ctx context.Context, ns, resource string, wa
 	request := func(w proto) (string, error) {
 		req := lockclient.NewRequestID()
 		lg := &locksv1.LockGrant{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lockclient.GrantName(resource, req), Finalizers: []string{locksv1.GrantFinalizer}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(resource, req), Finalizers: []string{locksv1.GrantFinalizer}},
 			Spec: locksv1.LockGrantSpec{Resource: resource, Owner: w.identity, RequestID: req, Lease: "lease-" + req,
 				OperationRoot: lockclient.OperationRoot(resource + "/" + req)},
 		}

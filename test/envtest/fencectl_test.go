@@ -23,7 +23,6 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
-	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
 // fencectlResult is one run of the kubectl fence plugin.
@@ -108,7 +107,7 @@ var _ = Describe("kubectl fence", func() {
 		Expect(ga.Phase).To(Equal(locksv1.PhaseHeld))
 		Expect(ga.Owner).To(Equal("worker-a"))
 		Expect(ga.FenceToken).To(BeEquivalentTo(1))
-		Expect(ga.Name).To(Equal(lockclient.GrantName("batch", "a1")))
+		Expect(ga.Name).To(Equal(locksv1.LockGrantName("batch", "a1")))
 
 		// Acquiring the same request again finds the same grant.
 		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1")

@@ -41,7 +41,7 @@ var _ = Describe("the lock registry", func() {
 			release(lg)
 			waitPhase(lg, locksv1.PhaseReleased)
 		}
-		Expect(eventReasons(ns, "batch-r1")).To(ContainElement("Issued"))
+		Expect(eventReasons(ns, locksv1.LockGrantName("batch", "r1"))).To(ContainElement("Issued"))
 	})
 
 	It("hands off FIFO to three waiters in arrival order", func() {
@@ -173,10 +173,25 @@ var _ = Describe("the lock registry", func() {
 		retry := newGrant(ns, "batch", "worker-a", "idem-1")
 		Expect(apierrors.IsAlreadyExists(lossy.Create(suiteCtx, retry))).To(BeTrue())
 		held := waitPhase(retry, locksv1.PhaseHeld)
-		// A second identity for the same requestID is refused.
+		// A second identity for the same requestID is refused: a LockGrant
+		// has the one name of its request, which the API server keeps unique.
 		other := newGrant(ns, "batch", "worker-a", "idem-1")
 		other.Name = "batch-idem-1-second"
-		Expect(lossy.Create(suiteCtx, other)).To(invalidAt("spec.requestID", `already used by LockGrant batch-idem-1`))
+		Expect(lossy.Create(suiteCtx, other)).To(invalidAt("metadata.name", fmt.Sprintf("must be %q", retry.Name)))
+		// Two at once, under other names, cannot both slip in between a
+		// check and a write: neither is the request's name.
+		errs := make(chan error, 2)
+		for _, name := range []string{"batch-idem-1-race-a", "batch-idem-1-race-b"} {
+			go func() {
+				defer GinkgoRecover()
+				racer := newGrant(ns, "batch", "worker-a", "idem-1")
+				racer.Name = name
+				errs <- lossy.Create(suiteCtx, racer)
+			}()
+		}
+		for range 2 {
+			Expect(<-errs).To(invalidAt("metadata.name", "must be"))
+		}
 		var list locksv1.LockGrantList
 		Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
 		Expect(list.Items).To(HaveLen(1))

@@ -22,7 +22,6 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/issuing"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
-	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
 // issuerKey is the registry's signing key. Every schedule uses the same one;
@@ -113,7 +112,7 @@ func (r *registry) serve(req *request) *reply {
 	rp := &reply{req: req}
 	switch req.kind {
 	case reqCreateGrant:
-		name := lockclient.GrantName(req.spec.Resource, req.spec.RequestID)
+		name := locksv1.LockGrantName(req.spec.Resource, req.spec.RequestID)
 		if r.find(name) != nil {
 			rp.status = replyAlreadyExists
 			break
