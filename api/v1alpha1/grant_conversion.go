@@ -27,6 +27,18 @@ func (h *Holder) Grant(resourceID string) grant.Grant {
 	}
 }
 
+// HeldStatus is the LockGrant status the holder record stands for: Held,
+// with the signed grant, digest, proof, expiry and applied renewals the
+// allocating compare-and-swap wrote (conditions aside). The issuer mirrors it
+// into the LockGrant; a client following the registry reads it first.
+func (h *Holder) HeldStatus(resourceID string) LockGrantStatus {
+	exp := h.ExpiresAt
+	return LockGrantStatus{
+		Phase: PhaseHeld, Grant: DocumentFromGrant(h.Grant(resourceID)), Digest: h.Digest, Proof: h.Proof,
+		ExpiresAt: &exp, ObservedRenewals: h.ObservedRenewals,
+	}
+}
+
 // PolicyViolation says why the entry's policy refuses a request by owner with
 // category: the condition reason and a message naming the field; "" when allowed.
 // The LockGrant webhook and the issuer both ask it, so the policy has one definition.

@@ -120,15 +120,7 @@ func formerHolderStatus(v *view, lg *locksv1.LockGrant) (locksv1.LockGrantStatus
 
 // holderStatus is the LockGrant status that mirrors a holder record.
 func holderStatus(fr *locksv1.FencedResource, h *locksv1.Holder) locksv1.LockGrantStatus {
-	exp := h.ExpiresAt
-	s := locksv1.LockGrantStatus{
-		Phase:            locksv1.PhaseHeld,
-		Grant:            locksv1.DocumentFromGrant(h.Grant(fr.Spec.ResourceID)),
-		Digest:           h.Digest,
-		Proof:            h.Proof,
-		ExpiresAt:        &exp,
-		ObservedRenewals: h.ObservedRenewals,
-	}
+	s := h.HeldStatus(fr.Spec.ResourceID)
 	SetCondition(&s.Conditions, 0, locksv1.ConditionIssued, true, locksv1.ReasonIssued,
 		fmt.Sprintf("fence %d held until %s", h.FenceToken, h.ExpiresAt.UTC().Format(time.RFC3339Nano)))
 	return s

@@ -17,6 +17,15 @@
 // effects, but do not assume issued writes were revoked); EXPIRED only when the
 // issuer confirms it; RELEASED after a confirmed voluntary release.
 //
+// Acquire learns that it holds from the registry: the FencedResource's
+// status.holder, written with the signed grant by the very compare-and-swap
+// that allocates the fence, names the LockGrant by UID one watch hop after
+// that write, before the issuer mirrors it into the LockGrant's status. The
+// LockGrant is followed too (it alone records a request denied before it was
+// held, and renewals and the end of the lock); without read access to the
+// FencedResource, Acquire waits for the mirror. Release is one merge patch of
+// spec.release: no read, no conflict.
+//
 // A lost create response is recovered by reading the LockGrant named
 // deterministically from the requestID — never by creating a second identity.
 // A write whose outcome is unknown is resolved from the object's receipt log

@@ -56,14 +56,17 @@ type Lock struct {
 	resource string
 	opts     AcquireOptions
 
-	mu       sync.Mutex
-	state    State
-	view     *locksv1.LockGrant // the LockGrant as last confirmed by the API server
-	pending  int64              // spec.renewals written, not yet observed by the issuer
-	err      error              // why the lock ended
-	orphaned bool               // Orphan was called: nobody follows the grant any more
-	done     chan struct{}
-	cancel   context.CancelFunc
+	mu    sync.Mutex
+	state State
+	view  *locksv1.LockGrant // the LockGrant as last confirmed by the API server
+	// requested is the LockGrant as created (read back after the create):
+	// its UID is what the registry's holder record names.
+	requested *locksv1.LockGrant
+	pending   int64 // spec.renewals written, not yet observed by the issuer
+	err       error // why the lock ended
+	orphaned  bool  // Orphan was called: nobody follows the grant any more
+	done      chan struct{}
+	cancel    context.CancelFunc
 }
 
 // Acquire requests resource (a FencedResource name) and waits, watch-driven,
@@ -184,11 +187,84 @@ func (l *Lock) checkMine(ctx context.Context) error {
 	if lg.Spec.RequestID != l.opts.RequestID || lg.Spec.Owner != l.c.identity || lg.Spec.Resource != l.resource {
 		return fmt.Errorf("%w: %s belongs to owner %q, requestID %q", ErrRequestIDTaken, l.key.Name, lg.Spec.Owner, lg.Spec.RequestID)
 	}
+	l.requested = lg.DeepCopy()
 	return nil
 }
 
-// waitHeld follows the LockGrant with a watch until the issuer decides.
+// waitHeld waits until the issuer decides the request. It follows the
+// registry, where the allocating compare-and-swap records the holder with its
+// signed grant, so HELD is known one watch hop after that write instead of
+// after the LockGrant status mirror the issuer writes next; and it follows
+// the LockGrant, which alone records an end before holding (Denied). The
+// registry is only a short cut: if it cannot be read or watched, the
+// LockGrant decides alone.
 func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type decision struct {
+		lg  *locksv1.LockGrant
+		err error
+	}
+	decided := make(chan decision, 2)
+	go func() {
+		lg, err := l.waitGrantDecided(ctx)
+		decided <- decision{lg, err}
+	}()
+	go func() {
+		if lg := l.waitRegistryHolder(ctx); lg != nil {
+			decided <- decision{lg, nil}
+		}
+	}()
+	d := <-decided
+	return d.lg, d.err
+}
+
+// waitRegistryHolder follows the FencedResource until its holder record
+// names this request's LockGrant (by UID), and returns the LockGrant as held
+// from that record; nil when the registry cannot be followed or ctx ends.
+func (l *Lock) waitRegistryHolder(ctx context.Context) *locksv1.LockGrant {
+	key := types.NamespacedName{Namespace: l.key.Namespace, Name: l.resource}
+	for ctx.Err() == nil {
+		var fr locksv1.FencedResource
+		if err := l.c.kube.Get(ctx, key, &fr); err != nil {
+			return nil
+		}
+		if lg := l.heldFrom(&fr); lg != nil {
+			return lg
+		}
+		w, err := l.c.kube.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(key.Namespace),
+			client.MatchingFields{"metadata.name": key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: fr.ResourceVersion}})
+		if err != nil {
+			return nil
+		}
+		for ev := range w.ResultChan() {
+			obj, ok := ev.Object.(*locksv1.FencedResource)
+			if !ok || ev.Type == watch.Error {
+				break
+			}
+			if lg := l.heldFrom(obj); lg != nil {
+				w.Stop()
+				return lg
+			}
+		}
+		w.Stop()
+	}
+	return nil
+}
+
+// heldFrom is this request's LockGrant as held, when fr's holder record names it.
+func (l *Lock) heldFrom(fr *locksv1.FencedResource) *locksv1.LockGrant {
+	h := fr.Status.Holder
+	if h == nil || l.requested == nil || h.GrantUID != string(l.requested.UID) {
+		return nil
+	}
+	lg := l.requested.DeepCopy()
+	lg.Status = h.HeldStatus(fr.Spec.ResourceID)
+	return lg
+}
+
+// waitGrantDecided follows the LockGrant with a watch until the issuer decides.
+func (l *Lock) waitGrantDecided(ctx context.Context) (*locksv1.LockGrant, error) {
 	for {
 		var lg locksv1.LockGrant
 		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
@@ -281,6 +357,10 @@ func (l *Lock) observe(lg *locksv1.LockGrant) {
 		l.mu.Unlock()
 		return // not our grant (cannot happen: a LockGrant holds one grant)
 	}
+	if l.view != nil && l.view.Status.Grant != nil && lg.Status.Grant == nil {
+		l.mu.Unlock()
+		return // the status mirror has not caught up with the registry's holder record yet
+	}
 	l.view = lg
 	pending := l.pending
 	l.mu.Unlock()
@@ -352,10 +432,6 @@ func (l *Lock) renew(ctx context.Context) {
 	l.apply(learned{kind: noAnswer}) // three conflicts in a row: no confirmed renewal
 }
 
-// maxReleaseConflicts bounds Release's retries: each conflict is a renewal
-// or an issuer status write landing in between, never a livelock.
-const maxReleaseConflicts = 10
-
 // Release gives the resource up and waits until the issuer confirms it. Unlike
 // Orphan it tells the issuer, so the next waiter is served at once.
 func (l *Lock) Release(ctx context.Context) error {
@@ -376,23 +452,15 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 }
 
-// requestRelease sets spec.release, re-reading on a conflict.
+// requestRelease sets spec.release with one merge patch: no read, no
+// resourceVersion, so no conflict with a renewal or a status write. The
+// LockGrant webhook still admits it only from the owner.
 func (l *Lock) requestRelease(ctx context.Context) error {
-	for attempt := 0; attempt < maxReleaseConflicts; attempt++ {
-		var lg locksv1.LockGrant
-		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
-			return fmt.Errorf("release %s: %w", l.key.Name, err)
-		}
-		lg.Spec.Release = true
-		err := l.c.kube.Update(ctx, &lg)
-		if err == nil || !apierrors.IsConflict(err) {
-			if err != nil {
-				return fmt.Errorf("release %s: %w", l.key.Name, err)
-			}
-			return nil
-		}
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name}}
+	if err := l.c.kube.Patch(ctx, lg, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"release":true}}`))); err != nil {
+		return fmt.Errorf("release %s: %w", l.key.Name, err)
 	}
-	return fmt.Errorf("release %s: %d conflicting writes in a row; try again", l.key.Name, maxReleaseConflicts)
+	return nil
 }
 
 // Done is closed when the lock ended (expired, revoked or released).

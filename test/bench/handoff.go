@@ -26,13 +26,16 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
-// watchSignal wraps a worker's transport and reports when one of its watches
-// of LockGrants is established (the API server answered the watch request),
-// so a measurement starts only once the waiter is really following its grant.
+// watchSignal wraps a worker's transport and reports when its watches of
+// its LockGrant and of the registry are both established (the API server
+// answered both watch requests), so a measurement starts only once the
+// waiter is really following its request.
 type watchSignal struct {
 	mu sync.Mutex
 	ch chan struct{}
-	// put is when the last PUT of a LockGrant (renewal or release) was answered.
+	// grants, registry: which of the two watches answered since arm.
+	grants, registry bool
+	// put is when the last PUT or PATCH of a LockGrant (renewal or release) was answered.
 	put time.Time
 }
 
@@ -46,20 +49,23 @@ func (s *watchSignal) arm() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ch = make(chan struct{})
+	s.grants, s.registry = false, false
 	return s.ch
 }
 
 func (s *watchSignal) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
-		if err == nil && req.Method == http.MethodPut && strings.Contains(req.URL.Path, "/lockgrants/") {
+		if err == nil && (req.Method == http.MethodPut || req.Method == http.MethodPatch) && strings.Contains(req.URL.Path, "/lockgrants/") {
 			s.mu.Lock()
 			s.put = time.Now()
 			s.mu.Unlock()
 		}
-		if err == nil && req.URL.Query().Get("watch") == "true" && strings.HasSuffix(req.URL.Path, "/lockgrants") {
+		if err == nil && req.URL.Query().Get("watch") == "true" {
 			s.mu.Lock()
-			if s.ch != nil {
+			s.grants = s.grants || strings.HasSuffix(req.URL.Path, "/lockgrants")
+			s.registry = s.registry || strings.HasSuffix(req.URL.Path, "/fencedresources")
+			if s.ch != nil && s.grants && s.registry {
 				close(s.ch)
 				s.ch = nil
 			}
@@ -158,6 +164,11 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, warmup, 
 		if i >= warmup {
 			out = append(out, r.at.Sub(t0))
 			if stages != nil {
+				// The waiter returns on the registry's record; its LockGrant
+				// mirror follows: wait for it, to report when it became visible.
+				if _, err := ph.wait(ctx, r.lock.Name(), locksv1.PhaseHeld, locksv1.PhaseReleased); err != nil {
+					return nil, err
+				}
 				prev := workers[i%2]
 				stages.add(t0, prev.sig.lastPut(), ph.fenceSeen(resource, r.lock.Fence()),
 					ph.seen(holder.Name(), locksv1.PhaseReleased), ph.seen(r.lock.Name(), locksv1.PhaseHeld), r.at)
@@ -552,6 +563,11 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 			return r.err
 		}
 		r.lock.Orphan()
+		// The waiter learns it holds from the registry, before the issuer
+		// mirrors the end of the previous grant into its LockGrant.
+		if _, err := ph.wait(ctx, holder.Name(), locksv1.PhaseExpired, locksv1.PhaseReleased, locksv1.PhaseRevoked); err != nil {
+			return err
+		}
 		var old locksv1.LockGrant
 		if err := kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: holder.Name()}, &old); err != nil {
 			return err

@@ -1,0 +1,52 @@
+package lockclient
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// The registry's holder record makes a request HELD only when it names the
+// request's own LockGrant by UID, and the held view carries the signed grant
+// exactly as the issuer will mirror it.
+func TestHeldFromRegistry(t *testing.T) {
+	mine := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: "batch-1", UID: "uid-1"}}
+	l := &Lock{requested: mine}
+	holder := func(uid string) *locksv1.FencedResource {
+		return &locksv1.FencedResource{Spec: locksv1.FencedResourceSpec{ResourceID: "billing/batch"},
+			Status: locksv1.FencedResourceStatus{Holder: &locksv1.Holder{GrantName: "batch-1", GrantUID: uid, FenceToken: 7, TTLSeconds: 10,
+				ExpiresAt: metav1.NewMicroTime(time.Unix(100, 0)), Digest: "sha256:d", Proof: "ed25519:k:p", ObservedRenewals: 2}}}
+	}
+	if lg := l.heldFrom(&locksv1.FencedResource{}); lg != nil {
+		t.Fatalf("no holder: held %v", lg.Status)
+	}
+	if lg := l.heldFrom(holder("uid-0")); lg != nil {
+		t.Fatal("a LockGrant of the same name but another UID (a deleted and re-created one) counted as ours")
+	}
+	lg := l.heldFrom(holder("uid-1"))
+	if lg == nil || lg.Status.Phase != locksv1.PhaseHeld || lg.Status.Grant.FenceToken != 7 || lg.Status.Grant.Resource != "billing/batch" ||
+		lg.Status.Proof != "ed25519:k:p" || lg.Status.ObservedRenewals != 2 || lg.UID != "uid-1" {
+		t.Fatalf("held view = %+v", lg)
+	}
+	if mine.Status.Phase != "" {
+		t.Fatal("heldFrom changed the LockGrant as requested")
+	}
+}
+
+// A LockGrant view without the grant (the status mirror lagging behind the
+// registry) does not replace a held view: the grant must stay readable.
+func TestObserveIgnoresALaggingMirror(t *testing.T) {
+	held := &locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, Grant: &locksv1.GrantDocument{FenceToken: 3}}}
+	l := &Lock{view: held, state: StateHeld, done: make(chan struct{})}
+	l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}})
+	if l.State() != StateHeld || l.Fence() != 3 {
+		t.Fatalf("state %s, fence %d after a lagging mirror", l.State(), l.Fence())
+	}
+	l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased, Grant: &locksv1.GrantDocument{FenceToken: 3}}})
+	if l.State() != StateReleased {
+		t.Fatalf("state %s after the mirror showed the release", l.State())
+	}
+}
