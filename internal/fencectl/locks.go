@@ -131,15 +131,16 @@ Running acquire again with the same --request-id finds the same request.`,
 			}
 			// This process ends here; the grant lives on until it expires or is released.
 			lock.Orphan()
-			kube, err := o.kube()
+			// Acquire returns on the registry's holder record; print the
+			// LockGrant once the issuer has mirrored it, so that every run
+			// prints the same document (what the lock knows, if the mirror is late).
+			lg, err := o.waitGrant(ctx, lock.LockGrant(), func(lg *locksv1.LockGrant) bool {
+				return lg.Status.Phase != "" && lg.Status.Phase != locksv1.PhasePending
+			})
 			if err != nil {
-				return err
+				lg = lock.LockGrant()
 			}
-			var lg locksv1.LockGrant
-			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: o.ns(), Name: lock.Name()}, &lg); err != nil {
-				return err
-			}
-			if err := o.printGrant(&lg); err != nil {
+			if err := o.printGrant(lg); err != nil {
 				return err
 			}
 			if o.format.kind == outText {

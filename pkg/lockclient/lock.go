@@ -506,6 +506,16 @@ func (l *Lock) Grant() (grant.Grant, string) {
 	return l.view.Status.Grant.ToGrant(), l.view.Status.Proof
 }
 
+// LockGrant is the LockGrant as this lock last knew it: after Acquire, held
+// with the grant from the registry's holder record, possibly before the
+// issuer has mirrored that into the LockGrant's status (so a fresh read of
+// the object can still show Pending for a moment).
+func (l *Lock) LockGrant() *locksv1.LockGrant {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.view.DeepCopy()
+}
+
 // Fence is the grant's fence token.
 func (l *Lock) Fence() int64 {
 	g, _ := l.Grant()
