@@ -109,13 +109,23 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 	}
 	o.RequestID, o.Lease, o.OperationRoot, o.OperationCategory = lg.Spec.RequestID, lg.Spec.Lease, lg.Spec.OperationRoot, lg.Spec.OperationCategory
 	l := &Lock{c: c, key: client.ObjectKeyFromObject(&lg), resource: lg.Spec.Resource, opts: o, state: StateRequested,
-		pending: lg.Spec.Renewals, done: make(chan struct{})}
+		pending: lg.Spec.Renewals, done: make(chan struct{}), requested: lg.DeepCopy()}
 	switch to, ended := phaseOutcome(lg.Status.Phase); {
 	case to == StateHeld:
 	case final(to):
 		return nil, fmt.Errorf("%w: LockGrant %s is %s: %s", ended, name, lg.Status.Phase, conditionMessage(&lg))
 	default:
-		return nil, fmt.Errorf("%w: LockGrant %s is %s, not Held yet", ErrOwnershipUnknown, name, phaseOrPending(&lg))
+		// Not mirrored yet? The registry's holder record may already name it
+		// (Acquire in another process returns on that record).
+		var fr locksv1.FencedResource
+		var held *locksv1.LockGrant
+		if err := c.kube.Get(ctx, types.NamespacedName{Namespace: c.namespace, Name: lg.Spec.Resource}, &fr); err == nil {
+			held = l.heldFrom(&fr)
+		}
+		if held == nil {
+			return nil, fmt.Errorf("%w: LockGrant %s is %s, not Held yet", ErrOwnershipUnknown, name, phaseOrPending(&lg))
+		}
+		lg = *held
 	}
 	l.hold(ctx, &lg)
 	return l, nil

@@ -1,10 +1,13 @@
 package lockclient
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
@@ -48,5 +51,32 @@ func TestObserveIgnoresALaggingMirror(t *testing.T) {
 	l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased, Grant: &locksv1.GrantDocument{FenceToken: 3}}})
 	if l.State() != StateReleased {
 		t.Fatalf("state %s after the mirror showed the release", l.State())
+	}
+}
+
+// Attach in another process right after Acquire returned: the LockGrant is
+// not mirrored yet, but the registry's holder record names it.
+func TestAttachBeforeTheMirror(t *testing.T) {
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "batch-1", UID: "uid-1"},
+		Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: "worker-a", RequestID: "r1"}}
+	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "batch"},
+		Spec: locksv1.FencedResourceSpec{ResourceID: "billing/batch"}}
+	kube := fake.NewClientBuilder().WithScheme(locksv1.Scheme).WithObjects(lg, fr).WithStatusSubresource(fr).Build()
+	c := New(kube, "billing", "worker-a")
+	if _, err := c.Attach(context.Background(), "batch-1", AcquireOptions{}); !errors.Is(err, ErrOwnershipUnknown) {
+		t.Fatalf("attach with no holder record: %v, want ErrOwnershipUnknown", err)
+	}
+	fr.Status.Holder = &locksv1.Holder{GrantName: "batch-1", GrantUID: "uid-1", FenceToken: 4, TTLSeconds: 30,
+		ExpiresAt: metav1.NewMicroTime(time.Now().Add(30 * time.Second)), Proof: "ed25519:k:p"}
+	if err := kube.Status().Update(context.Background(), fr); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Attach(context.Background(), "batch-1", AcquireOptions{})
+	if err != nil {
+		t.Fatalf("attach once the registry names the grant: %v", err)
+	}
+	defer l.Orphan()
+	if l.State() != StateHeld || l.Fence() != 4 {
+		t.Fatalf("state %s, fence %d", l.State(), l.Fence())
 	}
 }
