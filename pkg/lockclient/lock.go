@@ -167,9 +167,14 @@ func (l *Lock) createOrRecover(ctx context.Context) error {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		err := l.c.kube.Create(ctx, want.DeepCopy())
+		created := want.DeepCopy()
+		err := l.c.kube.Create(ctx, created)
 		switch {
-		case err == nil || apierrors.IsAlreadyExists(err):
+		case err == nil:
+			// The answer is the stored object: no read needed.
+			l.requested = created
+			return nil
+		case apierrors.IsAlreadyExists(err):
 			return l.checkMine(ctx)
 		case definitive(err):
 			return fmt.Errorf("create LockGrant %s: %w", l.key.Name, err)
@@ -275,10 +280,15 @@ func (l *Lock) heldFrom(fr *locksv1.FencedResource) *locksv1.LockGrant {
 
 // waitGrantDecided follows the LockGrant with a watch until the issuer decides.
 func (l *Lock) waitGrantDecided(ctx context.Context) (*locksv1.LockGrant, error) {
-	for {
-		var lg locksv1.LockGrant
-		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
-			return nil, err
+	// The first watch starts from the LockGrant as created or read back;
+	// after a watch ends, from a fresh read.
+	lg := *l.requested.DeepCopy()
+	for first := true; ; first = false {
+		if !first {
+			lg = locksv1.LockGrant{}
+			if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+				return nil, err
+			}
 		}
 		if done, err := acquired(&lg); done {
 			return &lg, err
