@@ -83,8 +83,8 @@ func run(ctx context.Context, dir, metricsAddr string, bare bool) error {
 		return err
 	}
 	defer func() {
-		for _, name := range kubeconfigs {
-			_ = os.Remove(filepath.Join(dir, name))
+		for _, k := range kubeconfigs {
+			_ = os.Remove(filepath.Join(dir, k.file))
 		}
 	}()
 	fmt.Printf(`
@@ -104,21 +104,21 @@ Press Ctrl-C to stop; everything started here stops with it.
 	return nil
 }
 
-// kubeconfigs are the files written, by user: the admin's is written last,
-// so that a script waiting for it finds the others too.
-var kubeconfigs = map[string]string{"worker-a": "worker-a.kubeconfig", "worker-b": "worker-b.kubeconfig", "dev-admin": "kubeconfig"}
+// kubeconfigs are the users whose kubeconfigs are written, in order: the
+// admin's last, so that a script waiting for it finds the others too.
+var kubeconfigs = []struct{ user, group, file string }{
+	{"worker-a", localcp.WorkersGroup, "worker-a.kubeconfig"},
+	{"worker-b", localcp.WorkersGroup, "worker-b.kubeconfig"},
+	{"dev-admin", "system:masters", "kubeconfig"},
+}
 
 // writeKubeconfigs writes a kubeconfig per user into dir, each atomically.
 func writeKubeconfigs(cp *localcp.ControlPlane, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	for _, user := range []string{"worker-a", "worker-b", "dev-admin"} {
-		group := localcp.WorkersGroup
-		if user == "dev-admin" {
-			group = "system:masters"
-		}
-		u, err := cp.AddUser(user, group)
+	for _, k := range kubeconfigs {
+		u, err := cp.AddUser(k.user, k.group)
 		if err != nil {
 			return err
 		}
@@ -126,7 +126,7 @@ func writeKubeconfigs(cp *localcp.ControlPlane, dir string) error {
 		if err != nil {
 			return err
 		}
-		path := filepath.Join(dir, kubeconfigs[user])
+		path := filepath.Join(dir, k.file)
 		if err := os.WriteFile(path+".tmp", data, 0o600); err != nil {
 			return err
 		}

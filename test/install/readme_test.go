@@ -262,7 +262,7 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 	webhookPort, probePort, metricsPort := ports[0], ports[1], ports[2]
 	args := []string{fmt.Sprintf("--webhook-port=%d", webhookPort)}
 	for _, a := range container.Args {
-		a = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
+		a = envRef.ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
 		for path, dir := range mounts {
 			a = strings.ReplaceAll(a, path, dir)
 		}
@@ -274,6 +274,9 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 	c.publishEndpoint(t, d.Namespace, webhookPort)
 	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d%s", probePort, container.ReadinessProbe.HTTPGet.Path))
 }
+
+// envRef is a $(VAR) reference in a container argument.
+var envRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
 // podEnv resolves the container's environment as the kubelet would (the
 // downward API sources the manager uses) and returns it as KEY=value and
