@@ -20,7 +20,12 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
+// The owner's own updates and deletes (renew, release, withdraw) skip the
+// webhook: the owner needs no other authority, and the CRD's CEL rules keep
+// the spec's (immutable fields, renewals only grow, release only set). That
+// takes an admission round trip off every renewal and handoff. Creates and
+// anyone else's changes come here.
+// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-the-owners-own-change","expression":"request.operation == 'CREATE' || oldObject == null || request.userInfo.username != oldObject.spec.owner"}]}`
 
 // The namespace controller's deletes are allowed only while the namespace
 // terminates, which the webhook reads from the API server.

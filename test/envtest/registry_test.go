@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -303,6 +304,49 @@ var _ = Describe("the lock registry", func() {
 		})).To(MatchError(ContainSubstring("resourceID is immutable")))
 	})
 
+	It("lets the owner renew and release without calling the LockGrant webhook, and the CRD still holds the spec rules", func() {
+		// The owner's updates are the critical path of every renewal and
+		// handoff: the webhook configuration's matchCondition leaves them to
+		// the API server (owner == requester needs no other authority) and the
+		// CRD's CEL rules keep the spec's, so no admission round trip is paid.
+		newFencedResource(ns, "batch", 30)
+		lg := request(ns, "batch", "worker-a", "owner-path")
+		waitPhase(lg, locksv1.PhaseHeld)
+		calls := func() float64 { return webhookRequests(lockGrantWebhookPath) }
+
+		before := calls()
+		renew(lg)
+		Expect(workers["worker-a"].Patch(suiteCtx, &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta},
+			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"billing"}}}`)))).To(Succeed())
+		Expect(calls()).To(Equal(before), "the owner's renewal and label change called the LockGrant webhook")
+
+		// Fields left out of a merge patch are defaulted, then judged by the CRD.
+		for patch, msg := range map[string]string{
+			`{"spec":{"renewals":null}}`:         "renewals may only grow",
+			`{"spec":{"operationCategory":"x"}}`: "operationCategory is immutable",
+			`{"spec":{"owner":"worker-b"}}`:      "owner is immutable",
+			`{"spec":{"resource":"elsewhere"}}`:  "resource is immutable",
+		} {
+			Expect(workers["worker-a"].Patch(suiteCtx, &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta},
+				client.RawPatch(types.MergePatchType, []byte(patch)))).To(MatchError(ContainSubstring(msg)), patch)
+		}
+
+		// Anyone else still meets the webhook, and its owner rule.
+		before = calls()
+		Expect(update(workers["worker-b"], &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta}, func(g *locksv1.LockGrant) { g.Spec.Release = true })).To(
+			MatchError(ContainSubstring(`the LockGrant belongs to "worker-a"; "worker-b" may not change it`)))
+		Expect(workers["worker-b"].Delete(suiteCtx, &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta})).To(
+			MatchError(ContainSubstring(`"worker-b" may not delete it`)))
+		Expect(calls()).To(BeNumerically(">=", before+2))
+
+		before = calls()
+		release(lg)
+		waitPhase(lg, locksv1.PhaseReleased)
+		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta}, func(g *locksv1.LockGrant) { g.Spec.Release = false })).To(
+			MatchError(ContainSubstring("release cannot be undone")))
+		Expect(calls()).To(Equal(before), "the owner's release called the LockGrant webhook")
+	})
+
 	It("completes an issue that crashed between the fence allocation and the LockGrant status", func() {
 		// A crash-prone issuer commits the allocation, then dies before any
 		// LockGrant status write lands.
@@ -387,6 +431,30 @@ func gaugeValue(name, namespace, resource string) float64 {
 		}
 	}
 	return -1
+}
+
+// lockGrantWebhookPath is where the LockGrant webhook is served.
+const lockGrantWebhookPath = "/validate-locks-fencekeeper-dev-v1alpha1-lockgrant"
+
+// webhookRequests counts the requests controller-runtime's webhook server
+// answered on path (every answer code).
+func webhookRequests(path string) float64 {
+	families, err := metrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_webhook_requests_total" {
+			continue
+		}
+		for _, m := range f.Metric {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "webhook" && l.GetValue() == path {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
 }
 
 // metricValue reads a counter from the controller-runtime registry.
