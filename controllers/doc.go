@@ -8,7 +8,7 @@
 //   - GrantIssuerReconciler (issuer_controller.go) runs the lease lifecycle of
 //     one FencedResource at a time: gather (cache, plus uncached reads where a
 //     stale view could issue a fence twice) → decide (internal/issuing.Decide,
-//     pure) → commit (one compare-and-swap of the FencedResource status, the
+//     pure, confirmed by DecideConfirmed's reads around the cache) → commit (one compare-and-swap of the FencedResource status, the
 //     only place a fence is allocated) → mirror (Events, LockGrant statuses,
 //     finalizers), in that order.
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust

@@ -145,36 +145,19 @@ func (r *GrantIssuerReconciler) gather(ctx context.Context, key types.Namespaced
 	}, true, nil
 }
 
-// decide runs issuing.Decide and, before a fence is handed to a LockGrant,
-// confirms with an uncached read that the LockGrant still waits and was never
-// granted: a cache that missed its earlier grant must not earn it a second fence.
+// decide runs issuing.DecideConfirmed with reads around the cache.
 func (r *GrantIssuerReconciler) decide(ctx context.Context, in *issuing.Input) (issuing.Decision, error) {
-	for attempt := 0; ; attempt++ {
-		d, err := issuing.Decide(*in)
-		if err != nil || d.IssuedTo == "" || attempt == 3 {
-			if attempt == 3 && d.IssuedTo != "" {
-				return issuing.Decision{}, fmt.Errorf("LockGrant cache keeps disagreeing with the API server about %s", d.IssuedTo)
-			}
-			return d, err
-		}
-		i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == d.IssuedTo })
-		cached := &in.Grants[i]
+	return issuing.DecideConfirmed(in, func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
+		uncachedGrantReads.Inc()
 		var fresh locksv1.LockGrant
-		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh)
-		switch {
-		case apierrors.IsNotFound(err):
-			in.Grants = slices.Delete(slices.Clone(in.Grants), i, i+1)
-		case err != nil:
-			return issuing.Decision{}, err
-		case fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
-			fresh.DeletionTimestamp == nil && !fresh.Spec.Release:
-			return d, nil
-		default:
-			grants := slices.Clone(in.Grants)
-			grants[i] = fresh
-			in.Grants = grants
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, err
 		}
-	}
+		return &fresh, nil
+	})
 }
 
 // commit writes the decided registry status with the resourceVersion it was

@@ -26,6 +26,9 @@ var (
 		Name: "fencekeeper_registry_writes_total", Help: "Compare-and-swap writes attempted on FencedResource status."})
 	casConflicts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_fence_cas_conflicts_total", Help: "FencedResource status writes that lost the compare-and-swap and were retried."})
+	uncachedGrantReads = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fencekeeper_issuer_uncached_grant_reads_total",
+		Help: "LockGrants read around the cache to confirm they were never granted before they are queued or issued."})
 	queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencekeeper_grant_queue_depth", Help: "LockGrants waiting in a FencedResource's FIFO queue."},
 		[]string{"namespace", "fencedresource"})
@@ -57,7 +60,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
-		registryWrites, casConflicts, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo)
+		registryWrites, casConflicts, uncachedGrantReads, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo)
 	v := version.Get()
 	buildInfo.WithLabelValues(v.Version, v.Commit).Set(1)
 }

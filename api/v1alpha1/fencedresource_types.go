@@ -179,6 +179,15 @@ type QueuedGrant struct {
 	// owner is the waiter's identity.
 	// +required
 	Owner string `json:"owner"`
+	// grantUID is the waiting LockGrant's UID, recorded by the issuer once a
+	// read around its cache confirmed that this LockGrant was never granted.
+	// Only the compare-and-swap that issues it removes it from the queue, so
+	// while it is queued under this UID it still was never granted, and the
+	// head is issued without reading it again (that read was on the handoff's
+	// critical path). An entry without it is confirmed when it is issued.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	GrantUID string `json:"grantUID,omitempty"`
 }
 
 // QuarantineRecord is one quarantined write attempt (same segment, different payload).

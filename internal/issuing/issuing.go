@@ -9,7 +9,8 @@
 //  1. servedRequests: one LockGrant per requestID is served.
 //  2. adoptEpoch: a newer issuer epoch takes over and extends held leases.
 //  3. settleHolder: the holder renews, or its grant ends (Ending says why).
-//  4. rebuildQueue: drop requests that can no longer be served, append arrivals FIFO.
+//  4. rebuildQueue: drop requests that can no longer be served, append arrivals FIFO
+//     (each to be confirmed by the caller, see Decision.Unconfirmed).
 //  5. issueToHead: the head of the queue gets the next fence, signed.
 //  6. setConditions: Ready, FenceRegression, Held.
 //  7. mirrorGrants: the LockGrant statuses and finalizers that follow.
@@ -75,9 +76,16 @@ type Decision struct {
 	AddFinalizer, RemoveFinalizer []string
 	Events                        []Event
 	RequeueAfter                  time.Duration
-	// IssuedTo is the LockGrant given a new fence; the caller confirms with an
-	// uncached read that it was never granted before committing.
+	// IssuedTo is the LockGrant given a new fence.
 	IssuedTo string
+	// Unconfirmed lists the LockGrants this decision trusts the cache about
+	// for the first time: arrivals it queues, and a head it issues that was
+	// not queued under its UID. Before committing, the caller confirms with a
+	// read around its cache that each was never granted (a cache that missed
+	// an earlier grant must not earn a LockGrant a second fence), and decides
+	// again from what it read when one was. A head confirmed when it was
+	// queued is issued without a read: the handoff's critical path.
+	Unconfirmed []string
 	// PolicyDenial is set when a request is denied by the FencedResource's
 	// policy; the caller confirms the policy is current before writing it.
 	PolicyDenial bool
@@ -120,7 +128,7 @@ func Decide(in Input) (Decision, error) {
 	}
 	d.Events = append(d.Events, adoptEpoch(v)...)
 	ended := settleHolder(v, &d)
-	rebuildQueue(v)
+	rebuildQueue(v, &d)
 	if err := issueToHead(v, &d, len(ended) > 0); err != nil {
 		return Decision{}, err
 	}

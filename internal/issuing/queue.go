@@ -11,13 +11,16 @@ import (
 )
 
 // rebuildQueue drops queue entries that can no longer be served and appends
-// new arrivals in FIFO order, up to MaxQueueLength.
-func rebuildQueue(v *view) {
+// new arrivals in FIFO order, up to MaxQueueLength, each under its UID; the
+// caller confirms the arrivals were never granted (Decision.Unconfirmed).
+func rebuildQueue(v *view, d *Decision) {
 	st, in := &v.st, v.in
 	queued := map[string]bool{}
 	keep := st.Queue[:0:0]
 	for _, q := range st.Queue {
-		if lg := v.byName[q.GrantName]; lg != nil && stillWaiting(v, lg) {
+		// A LockGrant re-created under a queued name is another request: it
+		// arrives again, and its predecessor's confirmation is not its own.
+		if lg := v.byName[q.GrantName]; lg != nil && stillWaiting(v, lg) && (q.GrantUID == "" || q.GrantUID == string(lg.UID)) {
 			keep = append(keep, q)
 			queued[q.GrantName] = true
 		}
@@ -39,7 +42,8 @@ func rebuildQueue(v *view) {
 		if len(keep) >= locksv1.MaxQueueLength {
 			break
 		}
-		keep = append(keep, locksv1.QueuedGrant{GrantName: lg.Name, Owner: lg.Spec.Owner})
+		keep = append(keep, locksv1.QueuedGrant{GrantName: lg.Name, Owner: lg.Spec.Owner, GrantUID: string(lg.UID)})
+		d.Unconfirmed = append(d.Unconfirmed, lg.Name)
 	}
 	st.Queue = keep
 	if len(st.Queue) == 0 {
@@ -65,7 +69,8 @@ func issueToHead(v *view, d *Decision, handoff bool) error {
 	if st.Holder != nil || len(st.Queue) == 0 || in.Epoch < in.RevokedBelow {
 		return nil
 	}
-	head := v.byName[st.Queue[0].GrantName]
+	entry := st.Queue[0]
+	head := v.byName[entry.GrantName]
 	st.Queue = st.Queue[1:]
 	if len(st.Queue) == 0 {
 		st.Queue = nil
@@ -91,6 +96,9 @@ func issueToHead(v *view, d *Decision, handoff bool) error {
 	d.Counts.Issued++
 	d.Counts.Waited = sinceNonNegative(in.Now, head.CreationTimestamp.Time)
 	d.IssuedTo = head.Name
+	if !confirmedInQueue(in.Resource.Status.Queue, head) && !slices.Contains(d.Unconfirmed, head.Name) {
+		d.Unconfirmed = append(d.Unconfirmed, head.Name)
+	}
 	reason, note := "Issued", fmt.Sprintf("fence %d issued to %s (lease %s)", fence, h.Owner, h.Lease)
 	if handoff {
 		d.Counts.Handoffs++
@@ -99,4 +107,14 @@ func issueToHead(v *view, d *Decision, handoff bool) error {
 	}
 	d.Events = append(d.Events, Event{string(head.UID), "Normal", reason, note})
 	return nil
+}
+
+// confirmedInQueue reports whether the committed queue (the one the
+// compare-and-swap will find, not the one being built) holds lg under its UID:
+// then a read around the cache confirmed it was never granted when it was
+// queued, and only issuing it takes it out of the queue.
+func confirmedInQueue(queue []locksv1.QueuedGrant, lg *locksv1.LockGrant) bool {
+	return slices.ContainsFunc(queue, func(q locksv1.QueuedGrant) bool {
+		return q.GrantName == lg.Name && q.GrantUID != "" && q.GrantUID == string(lg.UID)
+	})
 }

@@ -111,7 +111,8 @@ func TestRebuildQueue(t *testing.T) {
 	f.Status.Queue = []locksv1.QueuedGrant{{GrantName: "c"}, {GrantName: "r"}, {GrantName: "gone"}, {GrantName: "a"}}
 	in := &Input{Resource: f, Grants: []locksv1.LockGrant{lg("a", 3), lg("b", 2), lg("c", 5), lg("e", 1), released, deleting, denied, granted}}
 	v := newView(t, in)
-	rebuildQueue(v)
+	var d Decision
+	rebuildQueue(v, &d)
 	var got []string
 	for _, q := range v.st.Queue {
 		got = append(got, q.GrantName)
@@ -119,6 +120,55 @@ func TestRebuildQueue(t *testing.T) {
 	// The kept order first (c, a), then arrivals by creation (e, b).
 	if want := []string{"c", "a", "e", "b"}; !slices.Equal(got, want) {
 		t.Fatalf("queue %v, want %v", got, want)
+	}
+	// Only the arrivals are new to the registry, queued under their UIDs.
+	if want := []string{"e", "b"}; !slices.Equal(d.Unconfirmed, want) {
+		t.Fatalf("unconfirmed %v, want %v", d.Unconfirmed, want)
+	}
+	if q := v.st.Queue[2]; q.GrantUID != "uid-e" {
+		t.Fatalf("arrival queued as %+v, want its UID", q)
+	}
+}
+
+// TestConfirmation: a fence goes without a read around the cache only to a
+// head the committed queue holds under its UID; everything else the cache
+// says for the first time is for the caller to confirm.
+func TestConfirmation(t *testing.T) {
+	recreated := lg("a", 0)
+	recreated.UID = "uid-a-again"
+	for _, c := range []struct {
+		name        string
+		queue       []locksv1.QueuedGrant
+		grants      []locksv1.LockGrant
+		issued      string
+		unconfirmed []string
+		queued      []string
+	}{
+		{"head confirmed when queued", []locksv1.QueuedGrant{{GrantName: "a", GrantUID: "uid-a"}},
+			[]locksv1.LockGrant{lg("a", 0)}, "a", nil, nil},
+		{"head queued before UIDs were recorded", []locksv1.QueuedGrant{{GrantName: "a"}},
+			[]locksv1.LockGrant{lg("a", 0)}, "a", []string{"a"}, nil},
+		{"an arrival issued at once", nil,
+			[]locksv1.LockGrant{lg("a", 0)}, "a", []string{"a"}, nil},
+		{"the head is issued, a later arrival queued", []locksv1.QueuedGrant{{GrantName: "a", GrantUID: "uid-a"}},
+			[]locksv1.LockGrant{lg("a", 0), lg("b", 1)}, "a", []string{"b"}, []string{"b"}},
+		{"a re-created LockGrant is another request, and queues last", []locksv1.QueuedGrant{{GrantName: "a", GrantUID: "uid-a"}, {GrantName: "b", GrantUID: "uid-b"}},
+			[]locksv1.LockGrant{recreated, lg("b", 1)}, "b", []string{"a"}, []string{"a"}},
+	} {
+		f := fr(10)
+		f.Spec.AllowedOwners = []string{"owner-a", "owner-b"}
+		f.Status.Queue = c.queue
+		d, err := Decide(Input{Resource: f, Grants: c.grants, Now: t0, Epoch: 1, Signer: testSigner(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var queued []string
+		for _, q := range d.Status.Queue {
+			queued = append(queued, q.GrantName)
+		}
+		if d.IssuedTo != c.issued || !slices.Equal(d.Unconfirmed, c.unconfirmed) || !slices.Equal(queued, c.queued) {
+			t.Errorf("%s: issued %q, unconfirmed %v, queue %v; want %q, %v, %v", c.name, d.IssuedTo, d.Unconfirmed, queued, c.issued, c.unconfirmed, c.queued)
+		}
 	}
 }
 

@@ -1,0 +1,69 @@
+package issuing
+
+import (
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// ReadGrant reads a LockGrant around the issuer's cache (from the API
+// server): nil and no error when it is gone.
+type ReadGrant func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error)
+
+// maxConfirmRounds bounds how often a cache that keeps disagreeing with the
+// API server is read around before the reconcile fails and is retried.
+const maxConfirmRounds = 3
+
+// DecideConfirmed runs Decide and confirms with read every LockGrant the
+// decision trusts the cache about for the first time (Decision.Unconfirmed):
+// that it still waits and was never granted. A cache that missed an earlier
+// grant must not earn a LockGrant a second fence, so when a read disagrees
+// the decision is made again from what was read, which in.Grants then holds.
+// A queued head was confirmed when it was queued: a handoff reads nothing.
+func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
+	confirmed := map[types.UID]bool{}
+	for round := 0; ; round++ {
+		d, err := Decide(*in)
+		if err != nil || len(d.Unconfirmed) == 0 {
+			return d, err
+		}
+		if round == maxConfirmRounds {
+			return Decision{}, fmt.Errorf("the LockGrant cache keeps disagreeing with the API server about %v", d.Unconfirmed)
+		}
+		changed := false
+		for _, name := range d.Unconfirmed {
+			i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
+			cached := &in.Grants[i]
+			if confirmed[cached.UID] {
+				continue
+			}
+			fresh, err := read(cached)
+			switch {
+			case err != nil:
+				return Decision{}, err
+			case fresh == nil:
+				in.Grants = slices.Delete(slices.Clone(in.Grants), i, i+1)
+				changed = true
+			case neverGranted(cached, fresh):
+				confirmed[cached.UID] = true
+			default:
+				grants := slices.Clone(in.Grants)
+				grants[i] = *fresh
+				in.Grants = grants
+				changed = true
+			}
+		}
+		if !changed {
+			return d, nil
+		}
+	}
+}
+
+// neverGranted: the API server holds the cached request, still waiting.
+func neverGranted(cached, fresh *locksv1.LockGrant) bool {
+	return fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
+		fresh.DeletionTimestamp == nil && !fresh.Spec.Release
+}
