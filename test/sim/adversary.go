@@ -161,6 +161,8 @@ func (a *adversary) apply(f Fault) bool {
 		return a.impersonatedTeardown()
 	case FaultIndexLag, FaultPlantedOwnForgery:
 		return false // only as the entry is created: see startIndexLag
+	case FaultIssuerCacheLag:
+		return a.issuerCacheLag()
 	}
 	return false
 }
@@ -642,6 +644,23 @@ func (a *adversary) failover() bool {
 	d := time.Duration(500+a.w.rng.Int64N(int64(2*lease/time.Millisecond))) * time.Millisecond
 	r.outage(d)
 	return a.injected(FaultIssuerFailover, "the issuer loses its leader for %s; epoch %d follows", d, r.epoch+1)
+}
+
+// issuerCacheLag freezes the issuer's view of the LockGrants that exist now
+// for a while: it decides from those copies, however they change meanwhile,
+// and must not give a request its cache shows waiting a second fence.
+func (a *adversary) issuerCacheLag() bool {
+	r := a.w.reg
+	if r.w.now.Before(r.cacheLagUntil) || len(r.grants) == 0 {
+		return false
+	}
+	d := time.Duration(200+a.w.rng.IntN(3000)) * time.Millisecond
+	r.staleGrants = make([]locksv1.LockGrant, len(r.grants))
+	for i := range r.grants {
+		r.grants[i].DeepCopyInto(&r.staleGrants[i])
+	}
+	r.cacheLagUntil = r.w.now.Add(d)
+	return a.injected(FaultIssuerCacheLag, "the issuer's LockGrant cache stops at %d LockGrants for %s", len(r.grants), d)
 }
 
 func (a *adversary) policyChange() bool {

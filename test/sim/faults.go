@@ -48,6 +48,10 @@ const (
 	// FaultPlantedOwnForgery: in the index-lag window, an unlabelled create
 	// carrying an envelope forged for this very resource, with receipts.
 	FaultPlantedOwnForgery
+	// FaultIssuerCacheLag: the issuer's LockGrant cache lags the API
+	// server, so it may show a request that was granted (and has ended)
+	// as still waiting.
+	FaultIssuerCacheLag
 	numFaults
 )
 
@@ -60,7 +64,7 @@ var faultNames = [numFaults]string{
 	"policy change (fenceFloor raised)", "tampered receipt log",
 	"stranger creates the absent target", "planted envelope/receipts on create", "protection label/annotation removed",
 	"undeclared delete (holder's identity)", "declared delete + re-create", "namespace teardown", "webhook index lags entry creation",
-	"planted forgery naming this resource (index lag)",
+	"planted forgery naming this resource (index lag)", "issuer's LockGrant cache lags",
 }
 
 func (f Fault) String() string {

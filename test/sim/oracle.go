@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
@@ -31,6 +33,10 @@ type oracle struct {
 	// or ended by the issuer's clock.
 	deadlines map[string]time.Time
 	reg       oracleRegistry
+	// grantedTo is the fence each LockGrant (by UID) was granted: a request
+	// is served once. A registry restore takes grants back, and with them
+	// this memory (FENCE_REGRESSION is what guards the object then).
+	grantedTo map[types.UID]int64
 
 	// The fence state of the protected object, from the writes it accepted.
 	acceptedAny bool
@@ -84,7 +90,7 @@ type oracleRegistry struct {
 func (o oracleRegistry) clone() oracleRegistry { return o }
 
 func newOracle(w *world) *oracle {
-	return &oracle{w: w, issued: map[string]issuedGrant{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}}
+	return &oracle{w: w, issued: map[string]issuedGrant{}, grantedTo: map[types.UID]int64{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}}
 }
 
 // Kinds of violation; each has its counter in Counters.
@@ -106,6 +112,7 @@ const (
 	vPlantedObserved
 	vUnknownMisresolved
 	vUncoveredEntry
+	vGrantedTwice
 	vLiveness
 	vNotLinearizable
 	vSimulator
@@ -118,7 +125,7 @@ var violationNames = [...]string{"accepted stale write", "accepted forged/tamper
 	"accepted write with a wrong receipt log", "deletion not declared by the current holder",
 	"write that drops the protection label or annotation landed", "planted receipts inherited by an accepted write",
 	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly",
-	"registry entry admitted for a kind the webhook does not see", "liveness",
+	"registry entry admitted for a kind the webhook does not see", "LockGrant granted twice", "liveness",
 	"history not linearizable", "simulator error"}
 
 // Violation is one broken rule in one schedule.
@@ -178,6 +185,10 @@ func (o *oracle) grantIssued(r *registry, h *locksv1.Holder) {
 		o.violation(vSimulator, "issued grant of %s is inconsistent (digest %s, holder %s, proof %q)", h.GrantName, short(digest), short(h.Digest), lg.Status.Proof)
 		return
 	}
+	if fence, ok := o.grantedTo[lg.UID]; ok {
+		o.violation(vGrantedTwice, "LockGrant %s (%s) was granted fence %d, and now fence %d", lg.Name, lg.UID, fence, g.FenceToken)
+	}
+	o.grantedTo[lg.UID] = g.FenceToken
 	o.issued[string(doc)] = issuedGrant{keyID: keyID, signature: sig}
 	o.w.adv.sawIssued(g, lg.Status.Proof)
 	ttl := time.Duration(g.TTLSeconds) * time.Second
@@ -206,6 +217,7 @@ func (o *oracle) restored(s oracleRegistry) {
 		o.deletedMemoryLost = true
 	}
 	o.reg = s.clone()
+	clear(o.grantedTo)
 	if o.reg.holder != "" {
 		o.deadlines[o.reg.holder] = o.reg.deadline
 	}

@@ -58,6 +58,10 @@ type registry struct {
 	snapshots    []snapshot
 	lastSnapshot time.Time
 	holder       string // digest of the holder after the last decision
+	// staleGrants is the issuer's LockGrant cache until cacheLagUntil
+	// (FaultIssuerCacheLag): LockGrants it holds are seen as they were.
+	staleGrants   []locksv1.LockGrant
+	cacheLagUntil time.Time
 }
 
 // snapshot is a backup of the registry's backend (and the oracle's view of
@@ -166,10 +170,10 @@ func (r *registry) reconcile() {
 	}
 	w := r.w
 	w.oracle.issuerRuns(r)
-	res, err := issuing.Decide(issuing.Input{
-		Resource: &r.fr, Grants: r.grants, Now: w.now,
+	res, err := issuing.DecideConfirmed(&issuing.Input{
+		Resource: &r.fr, Grants: r.issuerCache(), Now: w.now,
 		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
-	})
+	}, r.readAroundCache)
 	if err != nil {
 		w.oracle.violation(vSimulator, "the planner failed: %v", err)
 		return
@@ -218,12 +222,46 @@ func (r *registry) reconcile() {
 	}
 }
 
+// issuerCache is the issuer's view of the LockGrants: the API server's,
+// except while FaultIssuerCacheLag holds older copies (of LockGrants since
+// deleted too).
+func (r *registry) issuerCache() []locksv1.LockGrant {
+	if r.cacheLagUntil.IsZero() {
+		return r.grants
+	}
+	view := slices.Clone(r.staleGrants)
+	for _, lg := range r.grants {
+		if !slices.ContainsFunc(view, func(s locksv1.LockGrant) bool { return s.UID == lg.UID }) {
+			view = append(view, lg)
+		}
+	}
+	return view
+}
+
+// readAroundCache is the issuer's uncached read of a LockGrant.
+func (r *registry) readAroundCache(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
+	lg := r.find(cached.Name)
+	if lg == nil {
+		return nil, nil
+	}
+	if !r.cacheLagUntil.IsZero() && lg.ResourceVersion != cached.ResourceVersion {
+		r.w.res.StaleGrantsRead++
+		r.w.tracef("registry: the issuer's cache shows %s at resourceVersion %s, the API server %s", cached.Name, cached.ResourceVersion, lg.ResourceVersion)
+	}
+	return lg.DeepCopy(), nil
+}
+
 // clockAdvanced runs what the passing of time triggers: a new leader after an
 // outage, the reconciler's requeue, the operator, the periodic backup.
 func (r *registry) clockAdvanced() {
 	now := r.w.now
 	if !r.outageUntil.IsZero() && !now.Before(r.outageUntil) {
 		r.takeOver()
+	}
+	if !r.cacheLagUntil.IsZero() && !now.Before(r.cacheLagUntil) {
+		// The cache catches up; its watch events reconcile.
+		r.cacheLagUntil, r.staleGrants = time.Time{}, nil
+		r.reconcile()
 	}
 	if !r.requeueAt.IsZero() && !now.Before(r.requeueAt) {
 		r.reconcile()
@@ -239,7 +277,7 @@ func (r *registry) clockAdvanced() {
 
 func (r *registry) nextEvent() time.Time {
 	next := time.Time{}
-	for _, t := range []time.Time{r.requeueAt, r.outageUntil, r.operatorDue} {
+	for _, t := range []time.Time{r.requeueAt, r.outageUntil, r.operatorDue, r.cacheLagUntil} {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
 		}

@@ -68,6 +68,8 @@ func (c *Counters) Gates() []Gate {
 		zero("highestObservedFence raised by planted fence state", vPlantedObserved, ""),
 		zero("Registry entries admitted for a kind the webhook configuration does not route", vUncoveredEntry,
 			fmt.Sprintf("%s such entries tried, %s refused", thousands(c.UncoveredEntries), thousands(c.EntriesRefused))),
+		zero("LockGrants granted twice (a request served with two fences)", vGrantedTwice,
+			thousands(c.StaleGrantsRead)+" stale LockGrants the issuer's lagging cache showed and its read around the cache corrected"),
 		{Name: "Unfenced creates in the documented index-lag window (security.md, Known limits)", Bar: "reported",
 			Measured: fmt.Sprintf("%s (%s index lookups answered while lagging)", thousands(c.KnownLimitWrites), thousands(c.IndexLagLookups)),
 			Pass:     true},

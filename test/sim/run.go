@@ -68,6 +68,9 @@ type Counters struct {
 	// because a registry restore took back the record of the deletion.
 	DeletedMemoryLostWrites int64
 	IndexLagLookups         int64 // target-index lookups answered while the index lagged
+	// StaleGrantsRead: LockGrants the issuer's lagging cache showed older
+	// than the API server did when it read them before queueing or issuing.
+	StaleGrantsRead int64
 	// UncoveredEntries: schedules whose entry named a kind the webhook
 	// configuration does not route; EntriesRefused: entries the
 	// FencedResource webhook refused.
@@ -133,6 +136,7 @@ func (c *Counters) add(o *Counters) {
 	c.KnownLimitWrites += o.KnownLimitWrites
 	c.DeletedMemoryLostWrites += o.DeletedMemoryLostWrites
 	c.IndexLagLookups += o.IndexLagLookups
+	c.StaleGrantsRead += o.StaleGrantsRead
 	c.UncoveredEntries += o.UncoveredEntries
 	c.EntriesRefused += o.EntriesRefused
 	c.UnknownOutcomes += o.UnknownOutcomes
