@@ -99,12 +99,14 @@ func settleHolder(v *view, d *Decision) map[string]locksv1.LockGrantStatus {
 	default:
 		d.Counts.Releases++
 	}
-	kind := "Normal"
-	if phase != locksv1.PhaseReleased {
-		kind = "Warning"
+	if reason != locksv1.ReasonReleased { // a voluntary release is routine: no Event
+		kind := "Normal"
+		if phase != locksv1.PhaseReleased {
+			kind = "Warning"
+		}
+		d.Events = append(d.Events, Event{h.GrantUID, kind, reason,
+			fmt.Sprintf("grant with fence %d for %s ended: %s", h.FenceToken, h.Owner, strings.ToLower(string(phase)))})
 	}
-	d.Events = append(d.Events, Event{h.GrantUID, kind, reason,
-		fmt.Sprintf("grant with fence %d for %s ended: %s", h.FenceToken, h.Owner, strings.ToLower(string(phase)))})
 	return map[string]locksv1.LockGrantStatus{h.GrantUID: TerminalStatus(holderStatus(in.Resource, h), phase, reason, in.Now)}
 }
 

@@ -99,13 +99,13 @@ func issueToHead(v *view, d *Decision, handoff bool) error {
 	if !confirmedInQueue(in.Resource.Status.Queue, head) && !slices.Contains(d.Unconfirmed, head.Name) {
 		d.Unconfirmed = append(d.Unconfirmed, head.Name)
 	}
-	reason, note := "Issued", fmt.Sprintf("fence %d issued to %s (lease %s)", fence, h.Owner, h.Lease)
+	// Issuing is routine: the LockGrant status, the registry and the metrics
+	// say it. An Event per acquisition would be an API write per cycle and
+	// bury the Events an on-call person acts on (docs/monitoring.md, Events).
 	if handoff {
 		d.Counts.Handoffs++
 		d.Counts.HandoffGap = sinceNonNegative(in.Now, v.endedAt)
-		reason, note = "HandedOff", fmt.Sprintf("handed off to %s with fence %d", h.Owner, fence)
 	}
-	d.Events = append(d.Events, Event{string(head.UID), "Normal", reason, note})
 	return nil
 }
 

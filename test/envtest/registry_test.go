@@ -42,7 +42,9 @@ var _ = Describe("the lock registry", func() {
 			release(lg)
 			waitPhase(lg, locksv1.PhaseReleased)
 		}
-		Expect(eventReasons(ns, locksv1.LockGrantName("batch", "r1"))).To(ContainElement("Issued"))
+		// Acquiring and releasing is routine: no Events (they are for what
+		// an on-call person acts on; the first grant's would have landed by now).
+		Expect(eventReasons(ns, locksv1.LockGrantName("batch", "r1"))).To(BeEmpty())
 	})
 
 	It("hands off FIFO to three waiters in arrival order", func() {
@@ -73,7 +75,6 @@ var _ = Describe("the lock registry", func() {
 			for _, later := range waiters[i+1:] {
 				Expect(getGrant(ns, later.Name).Status.Phase).To(Equal(locksv1.PhasePending))
 			}
-			Expect(eventReasons(ns, w.Name)).To(ContainElement("HandedOff"))
 			prev = w
 		}
 	})
