@@ -44,8 +44,6 @@ type GrantIssuerReconciler struct {
 	// Name distinguishes several issuing controllers in one process (tests only).
 	Name                    string
 	MaxConcurrentReconciles int
-
-	mirrors *grantMirror
 }
 
 // SetupWithManager registers the controller and the LockGrant index.
@@ -59,10 +57,6 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if name == "" {
 		name = "grant-issuer"
 	}
-	r.mirrors = newGrantMirror(r, max(r.MaxConcurrentReconciles, 1), mgr.GetLogger().WithName(name+"-mirror"))
-	if err := mgr.Add(r.mirrors); err != nil {
-		return err
-	}
 	toResource := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
 	})
@@ -71,7 +65,6 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		For(&locksv1.FencedResource{}).
 		Watches(&locksv1.LockGrant{}, toResource).
 		WatchesRawSource(r.Issuer.resyncSource(r.Client)).
-		WatchesRawSource(r.mirrors.replanSource()).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
 			o.MaxConcurrentReconciles = max(r.MaxConcurrentReconciles, 1)
@@ -88,8 +81,8 @@ func controllerOptions(named bool) controller.Options {
 
 // Reconcile makes one issuing decision for the FencedResource req names:
 // gather what it depends on, decide (issuing.Decide, pure), commit the
-// registry status by one compare-and-swap, then hand the committed decision's
-// Events and LockGrant writes to the mirror (mirror.go), off this path.
+// registry status by one compare-and-swap, then mirror the committed decision
+// onto the LockGrants and emit its Events.
 func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	if err := r.Issuer.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
@@ -115,8 +108,7 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if !committed {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	r.mirrors.enqueue(&in, &d)
-	return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
+	return r.mirror(ctx, &in, &d)
 }
 
 // gather reads the FencedResource, its LockGrants (from the cache) and the
@@ -202,6 +194,67 @@ func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedRe
 	grantRevocations.Add(float64(d.Counts.Revocations))
 	observeIssued(d.Counts)
 	return true, nil
+}
+
+// mirror records a committed decision: its Events first (nothing later may
+// lose them), then the LockGrant statuses in the decided order, then finalizers.
+func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d *issuing.Decision) (ctrl.Result, error) {
+	fr := in.Resource
+	byName := map[string]*locksv1.LockGrant{}
+	byUID := map[string]*locksv1.LockGrant{}
+	for i := range in.Grants {
+		byName[in.Grants[i].Name] = &in.Grants[i]
+		byUID[string(in.Grants[i].UID)] = &in.Grants[i]
+	}
+	for _, e := range d.Events {
+		var regarding client.Object = fr
+		if lg := byUID[e.GrantUID]; lg != nil {
+			regarding = lg
+		}
+		r.Recorder.Eventf(regarding, fr, e.Type, e.Reason, e.Reason, "%s", e.Note)
+	}
+	for _, c := range d.GrantStatus {
+		if err := r.patchGrant(ctx, byName[c.Name], true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
+			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
+			// Keep the order: nothing later is written before this one lands.
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
+	}
+	retry := false
+	for _, name := range d.RemoveFinalizer {
+		err := r.patchGrant(ctx, byName[name], false, removeFinalizer)
+		if retry, err = retryable(retry, err); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	for _, name := range d.AddFinalizer {
+		err := r.patchGrant(ctx, byName[name], false, func(lg *locksv1.LockGrant) { lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer) })
+		if retry, err = retryable(retry, err); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if retry {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
+}
+
+func removeFinalizer(lg *locksv1.LockGrant) {
+	lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
+}
+
+// retryable folds a finalizer patch's outcome: a LockGrant that is gone
+// needs nothing, a conflict is retried later, anything else is an error.
+func retryable(retry bool, err error) (bool, error) {
+	switch {
+	case err == nil || apierrors.IsNotFound(err):
+		return retry, nil
+	case apierrors.IsConflict(err):
+		return true, nil
+	}
+	return retry, err
 }
 
 // patchGrant applies mutate as a merge patch conditioned on the resourceVersion
