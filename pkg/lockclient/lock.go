@@ -378,8 +378,15 @@ func (l *Lock) observe(lg *locksv1.LockGrant) {
 		return // not our grant (cannot happen: a LockGrant holds one grant)
 	}
 	if l.view != nil && l.view.Status.Grant != nil && lg.Status.Grant == nil {
-		l.mu.Unlock()
-		return // the status mirror has not caught up with the registry's holder record yet
+		if to, _ := phaseOutcome(lg.Status.Phase); !final(to) {
+			l.mu.Unlock()
+			return // the status mirror has not caught up with the registry's holder record yet
+		}
+		// The grant ended before its Held mirror landed: the final phase
+		// counts, and the view keeps the grant this lock held.
+		ended := lg.DeepCopy()
+		ended.Status.Grant, ended.Status.Digest, ended.Status.Proof = l.view.Status.Grant, l.view.Status.Digest, l.view.Status.Proof
+		lg = ended
 	}
 	l.view = lg
 	pending := l.pending

@@ -54,6 +54,29 @@ func TestObserveIgnoresALaggingMirror(t *testing.T) {
 	}
 }
 
+// A grant can end before its Held mirror ever landed (the issuer mirrors off
+// its critical path, and a plan that lost a race is made again from the
+// registry, which no longer holds the grant): the terminal phase still ends
+// the lock, and the grant it held stays readable.
+func TestObserveEndsOnATerminalPhaseWithoutTheGrant(t *testing.T) {
+	for _, c := range []struct {
+		phase locksv1.LockGrantPhase
+		state State
+		err   error
+	}{
+		{locksv1.PhaseReleased, StateReleased, ErrReleased},
+		{locksv1.PhaseExpired, StateExpired, ErrExpired},
+		{locksv1.PhaseRevoked, StateExpired, ErrExpired},
+	} {
+		held := &locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, Grant: &locksv1.GrantDocument{FenceToken: 3}}}
+		l := &Lock{view: held, state: StateHeld, done: make(chan struct{})}
+		l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: c.phase}})
+		if l.State() != c.state || !errors.Is(l.Err(), c.err) || l.Fence() != 3 {
+			t.Errorf("%s without the grant: state %s, err %v, fence %d; want %s, %v, 3", c.phase, l.State(), l.Err(), l.Fence(), c.state, c.err)
+		}
+	}
+}
+
 // Attach in another process right after Acquire returned: the LockGrant is
 // not mirrored yet, but the registry's holder record names it.
 func TestAttachBeforeTheMirror(t *testing.T) {
