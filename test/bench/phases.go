@@ -106,7 +106,9 @@ func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer
 		return fmt.Errorf("leaderelection handoffs: %w", err)
 	}
 	h.LeaderElection = summarize(le)
-	r.judge("release handoff p99", "fencekeeper p99 ≤ 2× raw CAS+watch p99", h.P99Ratio, 2, "×",
+	r.judge("release handoff p50", "fencekeeper p50 ≤ 3× raw CAS+watch p50", ratio(h.Fencekeeper.P50, h.Raw.P50), 3, "×",
+		fmt.Sprintf("fencekeeper p50 %s ms vs raw %s ms over %d handoffs each", fmtF(h.Fencekeeper.P50), fmtF(h.Raw.P50), h.Fencekeeper.N))
+	r.judge("release handoff p99", "fencekeeper p99 ≤ 3× raw CAS+watch p99", h.P99Ratio, 3, "×",
 		fmt.Sprintf("fencekeeper p99 %s ms vs raw %s ms over %d handoffs each", fmtF(h.Fencekeeper.P99), fmtF(h.Raw.P99), h.Fencekeeper.N))
 	return nil
 }
@@ -129,7 +131,7 @@ func (r *report) expiry(ctx context.Context, e *env, cfg *config) error {
 		return err
 	}
 	r.Expiry = &expiryResult{Fencekeeper: summarize(s), Stages: stagesOf(stages, "Expired")}
-	r.judge("expiry handoff p99", "p99 from expiresAt to waiter HELD ≤ 100 ms", r.Expiry.Fencekeeper.P99, 100, "ms",
+	r.judge("expiry handoff p99", "p99 from expiresAt to waiter HELD ≤ 30 ms", r.Expiry.Fencekeeper.P99, 30, "ms",
 		fmt.Sprintf("%d expiries of 1 s leases", r.Expiry.Fencekeeper.N))
 	return nil
 }

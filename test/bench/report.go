@@ -43,7 +43,7 @@ type envInfo struct {
 	Quick      bool      `json:"quick"`
 }
 
-// target is one of issue 6's targets, judged on figures of this run.
+// target is one of issue 11's targets, judged on figures of this run.
 type target struct {
 	Name     string  `json:"name"`
 	Rule     string  `json:"rule"`
@@ -75,8 +75,12 @@ func (r *report) finish(start time.Time) {
 }
 
 func (r *report) judge(name, rule string, measured, limit float64, unit, detail string) {
-	r.Targets = append(r.Targets, target{Name: name, Rule: rule, Measured: measured, Limit: limit, Unit: unit,
-		Pass: !math.IsNaN(measured) && measured <= limit, Detail: detail})
+	pass := !math.IsNaN(measured) && !math.IsInf(measured, 0) && measured <= limit
+	if math.IsNaN(measured) || math.IsInf(measured, 0) {
+		measured = -1 // JSON has no NaN or infinity; the result says FAIL
+		detail = strings.TrimSpace(detail + " (not measured: no samples)")
+	}
+	r.Targets = append(r.Targets, target{Name: name, Rule: rule, Measured: measured, Limit: limit, Unit: unit, Pass: pass, Detail: detail})
 }
 
 func (r *report) allPass() bool {
@@ -212,7 +216,7 @@ func (r *report) print(out io.Writer) {
 	if x := r.NonTarget; x != nil {
 		x.print(out, section, row, func() { tw.Flush() })
 	}
-	section("Targets (issue 6; non-target: issue 10)")
+	section("Targets (issue 11; non-target: issue 10)")
 	row("target", "rule", "measured", "limit", "result")
 	for _, t := range r.Targets {
 		res := "PASS"

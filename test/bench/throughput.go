@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -133,6 +134,15 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 		ratio(t.Runs[2].PerSecond, t.Runs[3].PerSecond), 2, "×",
 		fmt.Sprintf("%d clients on %d resources: fencekeeper %s cycles/s, raw %s cycles/s (fencekeeper/raw = %s)",
 			cfg.clients, cfg.contendedOn, fmtF(t.Runs[3].PerSecond), fmtF(t.Runs[2].PerSecond), fmtF(t.ContendedRatio)))
+	r.judge("uncontended throughput", "fencekeeper cycles/s ≥ 0.2× raw two-CAS (shown as raw/fencekeeper ≤ 5)",
+		ratio(t.Runs[0].PerSecond, t.Runs[1].PerSecond), 5, "×",
+		fmt.Sprintf("%d clients on %d resources: fencekeeper %s cycles/s, raw %s cycles/s (fencekeeper/raw = %s)",
+			cfg.clients, cfg.clients, fmtF(t.Runs[1].PerSecond), fmtF(t.Runs[0].PerSecond), fmtF(t.UncontendedRatio)))
+	writes := t.Runs[3].WritesPerCycle
+	if t.Runs[3].Cycles == 0 {
+		writes = math.NaN()
+	}
+	r.judge("API writes per contended cycle", "≤ 4.5 (all writes, by resource below the throughput table)", writes, 4.5, "", "")
 	return nil
 }
 
