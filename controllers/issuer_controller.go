@@ -44,6 +44,8 @@ type GrantIssuerReconciler struct {
 	// Name distinguishes several issuing controllers in one process (tests only).
 	Name                    string
 	MaxConcurrentReconciles int
+
+	holds *freshHolds // which LockGrant statuses to write now (freshholds.go)
 }
 
 // SetupWithManager registers the controller and the LockGrant index.
@@ -57,6 +59,7 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if name == "" {
 		name = "grant-issuer"
 	}
+	r.holds = newFreshHolds(time.Now)
 	toResource := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
 	})
@@ -213,7 +216,8 @@ func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d
 		}
 		r.Recorder.Eventf(regarding, fr, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
-	for _, c := range d.GrantStatus {
+	statuses, heldDue := r.holds.due(d.GrantStatus, byName)
+	for _, c := range statuses {
 		if err := r.patchGrant(ctx, byName[c.Name], true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 				return ctrl.Result{}, err
@@ -238,7 +242,11 @@ func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d
 	if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
+	requeue := d.RequeueAfter
+	if heldDue > 0 && (requeue == 0 || heldDue < requeue) {
+		requeue = heldDue // the deferred Held status is written then, unless the grant ended
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
 func removeFinalizer(lg *locksv1.LockGrant) {

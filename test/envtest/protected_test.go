@@ -102,8 +102,13 @@ func (t target) write(lg *locksv1.LockGrant, seg int64, v string, o ...writeOpts
 	if len(o) > 0 {
 		opt = o[0]
 	}
-	lg = getGrant(lg.Namespace, lg.Name)
-	Expect(lg.Status.Grant).NotTo(BeNil(), "LockGrant %s has no grant", lg.Name)
+	// The grant from the LockGrant's status mirror, which follows the
+	// registry's holder record by up to heldMirrorDelay (lockclient itself
+	// takes it from the registry).
+	Eventually(func() *locksv1.GrantDocument {
+		lg = getGrant(lg.Namespace, lg.Name)
+		return lg.Status.Grant
+	}).ShouldNot(BeNil(), "LockGrant %s has no grant", lg.Name)
 	u := t.get()
 	create := u == nil
 	if create {

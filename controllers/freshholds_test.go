@@ -1,0 +1,64 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/issuing"
+)
+
+func TestFreshHolds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := newFreshHolds(func() time.Time { return now })
+	a, b := waiting("a", 0), waiting("b", time.Second)
+	grants := map[string]*locksv1.LockGrant{"a": &a, "b": &b}
+	held := issuing.GrantStatus{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
+	released := issuing.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased}}
+	names := func(ss []issuing.GrantStatus) (n []string) {
+		for _, s := range ss {
+			n = append(n, s.Name)
+		}
+		return n
+	}
+
+	// A handoff: the ending is written at once, the new holder's Held waits.
+	write, wait := f.due([]issuing.GrantStatus{released, held}, grants)
+	if got := names(write); len(got) != 1 || got[0] != "a" || wait != heldMirrorDelay {
+		t.Fatalf("write %v, wait %v; want [a], %v", got, wait, heldMirrorDelay)
+	}
+	// Planned again 40 ms later (another event): still waiting, counted from the first plan.
+	now = now.Add(40 * time.Millisecond)
+	if write, wait = f.due([]issuing.GrantStatus{held}, grants); len(write) != 0 || wait != 60*time.Millisecond {
+		t.Fatalf("write %v, wait %v; want nothing for 60ms more", names(write), wait)
+	}
+	// Due: written.
+	now = now.Add(60 * time.Millisecond)
+	if write, wait = f.due([]issuing.GrantStatus{held}, grants); len(write) != 1 || wait != 0 {
+		t.Fatalf("write %v, wait %v; want [b] now", names(write), wait)
+	}
+	// Queued: the Pending status waits too; its condition updates within the phase do not.
+	d := waiting("d", 3*time.Second)
+	grants["d"] = &d
+	pending := issuing.GrantStatus{Name: "d", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
+	if write, _ = f.due([]issuing.GrantStatus{pending}, grants); len(write) != 0 {
+		t.Fatal("a new waiter's Pending written at once")
+	}
+	d.Status.Phase = locksv1.PhasePending
+	if write, _ = f.due([]issuing.GrantStatus{pending}, grants); len(write) != 1 {
+		t.Fatal("a Pending update within the phase deferred")
+	}
+	// Once mirrored, a renewal's Held is written at once.
+	b.Status.Phase = locksv1.PhaseHeld
+	if write, _ = f.due([]issuing.GrantStatus{held}, grants); len(write) != 1 {
+		t.Fatalf("a renewal of a mirrored hold deferred")
+	}
+	// A grant that ends before its Held is due: only the final status, and nothing remembered.
+	c := waiting("c", 2*time.Second)
+	grants["c"] = &c
+	f.due([]issuing.GrantStatus{{Name: "c", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants)
+	write, _ = f.due([]issuing.GrantStatus{{Name: "c", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased}}}, grants)
+	if len(write) != 1 || len(f.since) != 0 {
+		t.Fatalf("write %v, remembered %v; want the release and no memory", names(write), f.since)
+	}
+}
