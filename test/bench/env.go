@@ -632,6 +632,10 @@ func (e *env) followPhases(ctx context.Context, ns string) (*phases, error) {
 func (p *phases) set(name string, ph locksv1.LockGrantPhase) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.setLocked(name, ph)
+}
+
+func (p *phases) setLocked(name string, ph locksv1.LockGrantPhase) {
 	old := p.phase[name]
 	if old == ph {
 		return
@@ -658,6 +662,17 @@ func (p *phases) set(name string, ph locksv1.LockGrantPhase) {
 		keep = append(keep, w)
 	}
 	p.waiters[name] = keep
+}
+
+// queued records that the registry queued LockGrant name: it is Pending
+// for the bench even before the issuer mirrors that (it writes a new
+// Pending phase 100 ms late).
+func (p *phases) queued(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase[name] == "" {
+		p.setLocked(name, locksv1.PhasePending)
+	}
 }
 
 // seen returns when this watch first saw LockGrant name in phase ph.
@@ -698,6 +713,9 @@ func (e *env) followFences(ctx context.Context, ns string, p *phases) error {
 				rv = fr.ResourceVersion
 				if ev.Type == watch.Bookmark {
 					continue
+				}
+				for _, q := range fr.Status.Queue {
+					p.queued(q.GrantName)
 				}
 				now := time.Now()
 				p.mu.Lock()
