@@ -62,3 +62,13 @@ func TestFreshHolds(t *testing.T) {
 		t.Fatalf("write %v, remembered %v; want the release and no memory", names(write), f.since)
 	}
 }
+
+func TestSoonest(t *testing.T) {
+	for _, c := range []struct{ a, b, want time.Duration }{
+		{0, 0, 0}, {0, 5, 5}, {5, 0, 5}, {3, 5, 3}, {5, 3, 3},
+	} {
+		if got := soonest(c.a, c.b); got != c.want {
+			t.Errorf("soonest(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}

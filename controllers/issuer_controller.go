@@ -242,11 +242,16 @@ func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d
 	if retry {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	requeue := d.RequeueAfter
-	if heldDue > 0 && (requeue == 0 || heldDue < requeue) {
-		requeue = heldDue // the deferred Held status is written then, unless the grant ended
+	// A deferred phase is written at heldDue, unless the decision then ends it.
+	return ctrl.Result{RequeueAfter: soonest(d.RequeueAfter, heldDue)}, nil
+}
+
+// soonest is the earlier of two requeue delays, 0 meaning none.
+func soonest(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
 	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+	return a
 }
 
 func removeFinalizer(lg *locksv1.LockGrant) {
