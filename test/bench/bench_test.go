@@ -72,7 +72,10 @@ func TestQuickBench(t *testing.T) {
 	// or (b) measured nothing but (a) again.
 	positive("vprotected-enrolled calls", nt.EnrolledCalls)
 	positive("NOT_PROTECTED decisions", nt.NotProtected)
-	if len(rep.Targets) != 8 {
-		t.Errorf("%d targets judged, want 8 (handoff, expiry, throughput, webhook at one rate, scale ×3, non-target)", len(rep.Targets))
+	// Issue 11's targets: handoff p50 and p99, expiry, contended and
+	// uncontended throughput, writes per cycle, webhook overhead and ratio
+	// at one rate, scale handoff, webhook, create and RSS; then non-target.
+	if len(rep.Targets) != 13 {
+		t.Errorf("%d targets judged, want 13 (handoff ×2, expiry, throughput ×3, webhook ×2 at one rate, scale ×4, non-target)", len(rep.Targets))
 	}
 }
