@@ -218,6 +218,26 @@ type QuarantineRecord struct {
 // MaxQueueLength bounds status.queue; waiters beyond it stay Pending until there is room.
 const MaxQueueLength = 256
 
+// MaxRecentlyEnded bounds status.recentlyEnded.
+const MaxRecentlyEnded = 16
+
+// EndedGrant is a grant the registry ended, kept so that its LockGrant is
+// never taken for a request still waiting.
+type EndedGrant struct {
+	// grantUID is the ended grant's LockGrant UID.
+	// +required
+	// +kubebuilder:validation:MaxLength=128
+	GrantUID string `json:"grantUID"`
+	// phase is how it ended: Expired, Released or Revoked.
+	// +required
+	// +kubebuilder:validation:Enum=Expired;Released;Revoked
+	Phase LockGrantPhase `json:"phase"`
+	// reason is why, as the LockGrant's Issued condition says it.
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+}
+
 // FencedResourceStatus is the registry state of the resource.
 type FencedResourceStatus struct {
 	// fenceToken is the highest fence ever issued for the resource; it never decreases.
@@ -234,6 +254,15 @@ type FencedResourceStatus struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=256
 	Queue []QueuedGrant `json:"queue,omitempty"`
+	// recentlyEnded lists the last grants the registry ended (newest last),
+	// each written by the compare-and-swap that ended it. The LockGrant
+	// status mirror follows the registry and can be lost with a crash (or,
+	// for a short critical section, never have shown Held): a LockGrant named
+	// here is ended whatever its status says, and never queued or issued again.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	RecentlyEnded []EndedGrant `json:"recentlyEnded,omitempty"`
 	// backendRevision is the registry revision the last fence allocation was conditioned on.
 	// +optional
 	BackendRevision string `json:"backendRevision,omitempty"`

@@ -3,6 +3,7 @@ package issuing
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,5 +264,47 @@ func TestDecideDoesNotRequeueAGrantedRequest(t *testing.T) {
 		if q.GrantName == "a" {
 			t.Fatalf("a granted request was queued again: %+v (%+v)", f.Status.Queue, out)
 		}
+	}
+}
+
+// A grant whose LockGrant mirrors were all lost (a crash after the
+// compare-and-swap that issued it, another after the one that ended it) looks
+// like a waiting request to everything but the registry: the registry's
+// record of its end keeps it from a second fence and restores its status.
+func TestDecideNeverServesAnEndedGrantWhoseMirrorWasLost(t *testing.T) {
+	f := fr(10)
+	a, b := lg("a", 0), lg("b", time.Second)
+	in := Input{Resource: f, Grants: []locksv1.LockGrant{a}, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
+	issued, err := Decide(in)
+	if err != nil || issued.IssuedTo != "a" {
+		t.Fatalf("issued to %q (%v), want a", issued.IssuedTo, err)
+	}
+	f.Status = issued.Status // the registry committed; a's Held mirror never landed
+	in.Grants = []locksv1.LockGrant{a, b}
+	in.Now = t0.Add(11 * time.Second) // a's lease expired
+	ended, err := Decide(in)
+	if err != nil || ended.IssuedTo != "b" {
+		t.Fatalf("issued to %q (%v), want b after a expired", ended.IssuedTo, err)
+	}
+	if n := len(ended.Status.RecentlyEnded); n != 1 || ended.Status.RecentlyEnded[0].GrantUID != "uid-a" || ended.Status.RecentlyEnded[0].Phase != locksv1.PhaseExpired {
+		t.Fatalf("recentlyEnded %+v, want a expired", ended.Status.RecentlyEnded)
+	}
+	f.Status = ended.Status           // committed; a's Expired mirror lost too, b's Held not written yet
+	in.Now = t0.Add(30 * time.Second) // b expired as well
+	next, err := Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.IssuedTo == "a" || slices.ContainsFunc(next.Status.Queue, func(q locksv1.QueuedGrant) bool { return q.GrantName == "a" }) {
+		t.Fatalf("a was served again: issued to %q, queue %v", next.IssuedTo, next.Status.Queue)
+	}
+	var aStatus *locksv1.LockGrantStatus
+	for _, s := range next.GrantStatus {
+		if s.Name == "a" {
+			aStatus = &s.Status
+		}
+	}
+	if aStatus == nil || aStatus.Phase != locksv1.PhaseExpired {
+		t.Fatalf("a's status planned %+v, want Expired restored from the registry", aStatus)
 	}
 }

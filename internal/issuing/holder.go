@@ -2,6 +2,7 @@ package issuing
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,6 +91,7 @@ func settleHolder(v *view, d *Decision) map[string]locksv1.LockGrantStatus {
 		return nil
 	}
 	v.st.Holder = nil
+	recordEnded(&v.st, locksv1.EndedGrant{GrantUID: h.GrantUID, Phase: phase, Reason: reason})
 	v.endedAt = holderEndedAt(phase, h, lg, in.Now)
 	switch phase {
 	case locksv1.PhaseExpired:
@@ -152,4 +154,25 @@ func holderEndedAt(phase locksv1.LockGrantPhase, h *locksv1.Holder, lg *locksv1.
 // sinceNonNegative is now-t, or 0 when t is later (clocks of two machines).
 func sinceNonNegative(now, t time.Time) time.Duration {
 	return max(now.Sub(t), 0)
+}
+
+// recordEnded keeps the last MaxRecentlyEnded ended grants in the registry,
+// written by the compare-and-swap that ends each: the LockGrant mirror that
+// says so may never land (a crash right after that compare-and-swap), and a
+// LockGrant that never showed Held would then look like a waiting request.
+func recordEnded(st *locksv1.FencedResourceStatus, e locksv1.EndedGrant) {
+	st.RecentlyEnded = append(slices.Clone(st.RecentlyEnded), e)
+	if n := len(st.RecentlyEnded) - locksv1.MaxRecentlyEnded; n > 0 {
+		st.RecentlyEnded = st.RecentlyEnded[n:]
+	}
+}
+
+// endedGrant is the registry's record of lg's grant having ended, if any.
+func endedGrant(st *locksv1.FencedResourceStatus, lg *locksv1.LockGrant) (locksv1.EndedGrant, bool) {
+	for _, e := range st.RecentlyEnded {
+		if e.GrantUID == string(lg.UID) {
+			return e, true
+		}
+	}
+	return locksv1.EndedGrant{}, false
 }

@@ -71,6 +71,7 @@ func statusOrder(p locksv1.LockGrantPhase) int {
 // be left alone (its status is terminal, or our registry view is older than it).
 func desiredGrantStatus(v *view, lg *locksv1.LockGrant, ended map[string]locksv1.LockGrantStatus, inQueue map[string]bool) (locksv1.LockGrantStatus, bool) {
 	cur, in := lg.Status, v.in
+	e, recorded := endedGrant(&v.st, lg)
 	switch s, endsNow := ended[string(lg.UID)]; {
 	case cur.Phase.Terminal():
 		return cur, false
@@ -78,6 +79,9 @@ func desiredGrantStatus(v *view, lg *locksv1.LockGrant, ended map[string]locksv1
 		return s, true
 	case isHolder(v.st.Holder, lg):
 		return holderStatus(in.Resource, v.st.Holder), true
+	case recorded && lg.DeletionTimestamp == nil:
+		// Its final mirror was lost (or it ended before its Held was written).
+		return TerminalStatus(cur, e.Phase, e.Reason, in.Now), true
 	case cur.Phase == locksv1.PhaseHeld:
 		return formerHolderStatus(v, lg)
 	case lg.DeletionTimestamp != nil:

@@ -57,6 +57,9 @@ func stillWaiting(v *view, lg *locksv1.LockGrant) bool {
 	if lg.DeletionTimestamp != nil || lg.Spec.Release || lg.Status.Phase.Terminal() || isHolder(v.st.Holder, lg) || lg.Status.Grant != nil {
 		return false
 	}
+	if _, ended := endedGrant(&v.st, lg); ended {
+		return false
+	}
 	r, _ := denial(v.in.Resource, lg, v.served)
 	return r == ""
 }

@@ -48,7 +48,8 @@ func arrivedBefore(a, b *locksv1.LockGrant) bool {
 
 // granted reports whether lg holds or ever held a grant.
 func granted(fr *locksv1.FencedResource, lg *locksv1.LockGrant) bool {
-	return lg.Status.Grant != nil || isHolder(fr.Status.Holder, lg)
+	_, ended := endedGrant(&fr.Status, lg)
+	return lg.Status.Grant != nil || isHolder(fr.Status.Holder, lg) || ended
 }
 
 // isHolder reports whether the holder record names lg (name and UID: a
