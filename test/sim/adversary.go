@@ -163,6 +163,10 @@ func (a *adversary) apply(f Fault) bool {
 		return false // only as the entry is created: see startIndexLag
 	case FaultIssuerCacheLag:
 		return a.issuerCacheLag()
+	case FaultMirrorLost:
+		n := 1 + a.w.rng.IntN(3)
+		a.w.reg.mirrorLost += n
+		return a.injected(FaultMirrorLost, "the issuer's next %d decision(s) commit, and their LockGrant writes are lost", n)
 	}
 	return false
 }

@@ -52,6 +52,10 @@ const (
 	// server, so it may show a request that was granted (and has ended)
 	// as still waiting.
 	FaultIssuerCacheLag
+	// FaultMirrorLost: the issuer dies right after its compare-and-swap, for
+	// one to three decisions in a row: the LockGrant statuses and finalizers
+	// that follow are never written (the next decision rebuilds them).
+	FaultMirrorLost
 	numFaults
 )
 
@@ -65,6 +69,7 @@ var faultNames = [numFaults]string{
 	"stranger creates the absent target", "planted envelope/receipts on create", "protection label/annotation removed",
 	"undeclared delete (holder's identity)", "declared delete + re-create", "namespace teardown", "webhook index lags entry creation",
 	"planted forgery naming this resource (index lag)", "issuer's LockGrant cache lags",
+	"LockGrant writes lost after the CAS",
 }
 
 func (f Fault) String() string {

@@ -173,16 +173,22 @@ func (o *oracle) issuerRuns(r *registry) {
 // holder receives it (LockGrant status) and its lease.
 func (o *oracle) grantIssued(r *registry, h *locksv1.Holder) {
 	lg := r.find(h.GrantName)
-	if lg == nil || lg.Status.Grant == nil {
-		o.violation(vSimulator, "holder %s has no issued LockGrant status", h.GrantName)
+	if lg == nil {
+		o.violation(vSimulator, "holder %s has no LockGrant", h.GrantName)
 		return
 	}
-	g := lg.Status.Grant.ToGrant()
+	// The document as its holder receives it: the LockGrant status, or the
+	// registry's holder record when that mirror was lost (FaultMirrorLost).
+	st := lg.Status
+	if st.Grant == nil {
+		st = h.HeldStatus(r.fr.Spec.ResourceID)
+	}
+	g := st.Grant.ToGrant()
 	doc := g.Canonical()
 	digest := digestOf(doc)
-	keyID, sig, ok := parseProof(lg.Status.Proof)
-	if !ok || digest != h.Digest || digest != lg.Status.Digest {
-		o.violation(vSimulator, "issued grant of %s is inconsistent (digest %s, holder %s, proof %q)", h.GrantName, short(digest), short(h.Digest), lg.Status.Proof)
+	keyID, sig, ok := parseProof(st.Proof)
+	if !ok || digest != h.Digest || digest != st.Digest {
+		o.violation(vSimulator, "issued grant of %s is inconsistent (digest %s, holder %s, proof %q)", h.GrantName, short(digest), short(h.Digest), st.Proof)
 		return
 	}
 	if fence, ok := o.grantedTo[lg.UID]; ok {

@@ -62,6 +62,9 @@ type registry struct {
 	// (FaultIssuerCacheLag): LockGrants it holds are seen as they were.
 	staleGrants   []locksv1.LockGrant
 	cacheLagUntil time.Time
+	// mirrorLost: that many of the next committed decisions lose their
+	// LockGrant writes (FaultMirrorLost).
+	mirrorLost int
 }
 
 // snapshot is a backup of the registry's backend (and the oracle's view of
@@ -185,6 +188,12 @@ func (r *registry) reconcile() {
 		r.fr.Status = res.Status
 		r.frWritten()
 	}
+	lost := r.mirrorLost > 0 && res.StatusChanged
+	if lost {
+		r.mirrorLost--
+		w.tracef("registry: the issuer died after its CAS; %d LockGrant status write(s) lost", len(res.GrantStatus))
+		res.GrantStatus, res.AddFinalizer, res.RemoveFinalizer = nil, nil, nil
+	}
 	for _, u := range res.GrantStatus {
 		if lg := r.find(u.Name); lg != nil {
 			lg.Status = u.Status
@@ -202,7 +211,10 @@ func (r *registry) reconcile() {
 		}
 	}
 	r.requeueAt = time.Time{}
-	if res.RequeueAfter > 0 {
+	switch {
+	case lost: // it restarts at once, and its first decision rebuilds the mirror
+		r.requeueAt = w.now.Add(time.Millisecond)
+	case res.RequeueAfter > 0:
 		r.requeueAt = w.now.Add(res.RequeueAfter)
 	}
 	w.oracle.decided(r)
