@@ -8,9 +8,10 @@
 //   - GrantIssuerReconciler (issuer_controller.go) runs the lease lifecycle of
 //     one FencedResource at a time: gather (cache, plus uncached reads where a
 //     stale view could issue a fence twice) → decide (internal/issuing.Decide,
-//     pure, confirmed by DecideConfirmed's reads around the cache) → commit (one compare-and-swap of the FencedResource status, the
-//     only place a fence is allocated) → mirror (Events, LockGrant statuses,
-//     finalizers), in that order.
+//     pure, confirmed by DecideConfirmed's reads around the cache) → commit
+//     (one compare-and-swap of the FencedResource status, the only place a
+//     fence is allocated) → mirror (Events, LockGrant statuses, finalizers;
+//     a new Pending or Held phase 100 ms late, freshholds.go), in that order.
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust
 //     bundle: a raised revokedBelowEpoch makes every FencedResource be decided
 //     again, so grants of older epochs are revoked and their waiters served.

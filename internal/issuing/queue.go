@@ -54,10 +54,7 @@ func rebuildQueue(v *view, d *Decision) {
 // stillWaiting reports whether lg may still be issued a grant: not leaving,
 // never granted, not the holder, and allowed by the policy.
 func stillWaiting(v *view, lg *locksv1.LockGrant) bool {
-	if lg.DeletionTimestamp != nil || lg.Spec.Release || lg.Status.Phase.Terminal() || isHolder(v.st.Holder, lg) || lg.Status.Grant != nil {
-		return false
-	}
-	if _, ended := endedGrant(&v.st, lg); ended {
+	if lg.DeletionTimestamp != nil || lg.Spec.Release || lg.Status.Phase.Terminal() || granted(&v.st, lg) {
 		return false
 	}
 	r, _ := denial(v.in.Resource, lg, v.served)

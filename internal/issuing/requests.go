@@ -17,8 +17,8 @@ func servedRequests(fr *locksv1.FencedResource, grants []locksv1.LockGrant) map[
 		cur, ok := chosen[lg.Spec.RequestID]
 		switch {
 		case !ok:
-		case granted(fr, cur) != granted(fr, lg):
-			if !granted(fr, lg) {
+		case granted(&fr.Status, cur) != granted(&fr.Status, lg):
+			if !granted(&fr.Status, lg) {
 				continue
 			}
 		case !arrivedBefore(lg, cur):
@@ -46,10 +46,11 @@ func arrivedBefore(a, b *locksv1.LockGrant) bool {
 	return a.Name < b.Name
 }
 
-// granted reports whether lg holds or ever held a grant.
-func granted(fr *locksv1.FencedResource, lg *locksv1.LockGrant) bool {
-	_, ended := endedGrant(&fr.Status, lg)
-	return lg.Status.Grant != nil || isHolder(fr.Status.Holder, lg) || ended
+// granted reports whether the registry status st, or lg's own status, says
+// lg was ever granted: it holds, it carries a grant, or it ended recently.
+func granted(st *locksv1.FencedResourceStatus, lg *locksv1.LockGrant) bool {
+	_, ended := endedGrant(st, lg)
+	return lg.Status.Grant != nil || isHolder(st.Holder, lg) || ended
 }
 
 // isHolder reports whether the holder record names lg (name and UID: a
