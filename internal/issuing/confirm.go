@@ -30,9 +30,6 @@ func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
 		if err != nil || len(d.Unconfirmed) == 0 {
 			return d, err
 		}
-		if round == maxConfirmRounds {
-			return Decision{}, fmt.Errorf("the LockGrant cache keeps disagreeing with the API server about %v", d.Unconfirmed)
-		}
 		changed := false
 		for _, name := range d.Unconfirmed {
 			i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
@@ -58,6 +55,9 @@ func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
 		}
 		if !changed {
 			return d, nil
+		}
+		if round == maxConfirmRounds {
+			return Decision{}, fmt.Errorf("the LockGrant cache keeps disagreeing with the API server about %v", d.Unconfirmed)
 		}
 	}
 }
