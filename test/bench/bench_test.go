@@ -49,6 +49,8 @@ func TestQuickBench(t *testing.T) {
 	for _, r := range rep.Throughput.Runs {
 		positive(r.Name+" cycles/s", r.PerSecond)
 		positive(r.Name+" API writes/cycle", r.WritesPerCycle)
+		positive(r.Name+" kube-apiserver CPU ms/cycle", r.CPUPerCycle["kube-apiserver"])
+		positive(r.Name+" machine busy", r.MachineBusy)
 	}
 	for _, r := range rep.Webhook.Rates {
 		positive("protected update p99", r.Protected.P99)

@@ -175,6 +175,9 @@ func (r *report) print(out io.Writer) {
 			if len(x.WriteBreakdown) > 0 {
 				fmt.Fprintf(out, "  %s — API writes/cycle by resource: %s\n", x.Name, breakdown(x.WriteBreakdown))
 			}
+			if len(x.CPUPerCycle) > 0 {
+				fmt.Fprintf(out, "  %s — CPU ms/cycle by process: %s (machine %.0f%% busy)\n", x.Name, breakdown(x.CPUPerCycle), 100*x.MachineBusy)
+			}
 		}
 	}
 	if w := r.Webhook; w != nil {

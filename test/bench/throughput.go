@@ -39,6 +39,11 @@ type tputRun struct {
 	ClientWritesPerCycle float64            `json:"client_writes_per_cycle"`
 	Conflicts            float64            `json:"client_cas_conflicts_per_cycle"`
 	WriteBreakdown       map[string]float64 `json:"api_writes_per_cycle_by_resource"`
+	// CPUPerCycle is each process's CPU milliseconds per completed cycle in
+	// the window; MachineBusy the fraction of the machine's CPU in use. With
+	// the machine near 1, cycles/s is CPU per cycle divided into the cores.
+	CPUPerCycle map[string]float64 `json:"cpu_ms_per_cycle_by_process"`
+	MachineBusy float64            `json:"machine_busy"`
 }
 
 // countingTransport counts a client's mutating requests and 409 answers.
@@ -223,6 +228,7 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 		return run, err
 	}
 	w0, c0 := count.writes.Load(), count.conflicts.Load()
+	cpu0 := sampleCPU()
 	start := time.Now()
 	winStart.Store(start.UnixNano())
 	if err := sleep(cfg.tputDuration); err != nil {
@@ -230,6 +236,7 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 	}
 	end := time.Now()
 	winEnd.Store(end.UnixNano())
+	cpu1 := sampleCPU()
 	after, err := e.apiWrites(ctx)
 	if err != nil {
 		return run, err
@@ -266,6 +273,7 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 		run.ClientWritesPerCycle = round2(float64(w1-w0) / float64(n))
 		run.Conflicts = round2(float64(c1-c0) / float64(n))
 	}
+	run.CPUPerCycle, run.MachineBusy = cpuPerCycle(cpu0, cpu1, n)
 	return run, nil
 }
 

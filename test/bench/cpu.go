@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is Linux's USER_HZ, the unit of utime and stime in /proc/<pid>/stat
+// (100 on every architecture Go's linux ports use).
+const clockTicks = 100
+
+// cpuSample is the CPU time used so far, in seconds, by each of this
+// process's children by command name (kube-apiserver, etcd, manager), by
+// this process ("bench": the clients, and the operator with -in-process),
+// and by the whole machine (busy and total, from /proc/stat).
+type cpuSample struct {
+	byProcess               map[string]float64
+	machineBusy, machineAll float64
+}
+
+func sampleCPU() cpuSample {
+	s := cpuSample{byProcess: map[string]float64{}}
+	for pid, comm := range children() {
+		if sec, err := procCPU(pid); err == nil {
+			s.byProcess[comm] += sec
+		}
+	}
+	if sec, err := procCPU(os.Getpid()); err == nil {
+		s.byProcess["bench"] += sec
+	}
+	s.machineBusy, s.machineAll = machineCPU()
+	return s
+}
+
+// procCPU is utime+stime of pid, in seconds.
+func procCPU(pid int) (float64, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(stat)
+	closing := strings.LastIndexByte(s, ')')
+	if closing < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	// After "pid (comm)": state ppid pgrp session tty tpgid flags minflt
+	// cminflt majflt cmajflt utime stime ...
+	f := strings.Fields(s[closing+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	u, err1 := strconv.ParseFloat(f[11], 64)
+	k, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return (u + k) / clockTicks, nil
+}
+
+// machineCPU is the machine's busy and total CPU seconds from the first line
+// of /proc/stat (idle and iowait count as not busy).
+func machineCPU() (busy, all float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	for i, v := range f[1:] {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || i >= 8 { // guest time is already counted in user
+			continue
+		}
+		all += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return busy / clockTicks, all / clockTicks
+}
+
+// cpuPerCycle is the CPU milliseconds each process spent per completed cycle
+// between two samples, and how busy the machine was (0–1).
+func cpuPerCycle(before, after cpuSample, cycles int) (map[string]float64, float64) {
+	out := map[string]float64{}
+	for k, v := range after.byProcess {
+		if cycles > 0 {
+			out[k] = round2((v - before.byProcess[k]) * 1000 / float64(cycles))
+		}
+	}
+	busy := 0.0
+	if all := after.machineAll - before.machineAll; all > 0 {
+		busy = round2((after.machineBusy - before.machineBusy) / all)
+	}
+	return out, busy
+}
