@@ -498,9 +498,10 @@ func parseMetrics(text string) map[string]float64 {
 	return out
 }
 
-// apiWrites counts mutating requests the API server served, by
-// resource[/subresource] and verb, from its apiserver_request_total metric.
-func (e *env) apiWrites(ctx context.Context) (map[string]float64, error) {
+// apiRequests counts the requests the API server served, by
+// resource[/subresource] and verb ("leases PUT"), from its
+// apiserver_request_total metric; isWrite tells the mutating verbs.
+func (e *env) apiRequests(ctx context.Context) (map[string]float64, error) {
 	raw, err := e.adminC.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return nil, err
@@ -511,12 +512,7 @@ func (e *env) apiWrites(ctx context.Context) (map[string]float64, error) {
 			continue
 		}
 		labels := parseLabels(series)
-		switch labels["verb"] {
-		case "POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE":
-		default:
-			continue
-		}
-		if labels["dry_run"] != "" {
+		if labels["dry_run"] != "" || labels["resource"] == "" {
 			continue
 		}
 		key := labels["resource"]
@@ -526,6 +522,16 @@ func (e *env) apiWrites(ctx context.Context) (map[string]float64, error) {
 		out[key+" "+labels["verb"]] += v
 	}
 	return out, nil
+}
+
+// isWrite reports whether a key of apiRequests counts a mutating request.
+func isWrite(key string) bool {
+	_, verb, _ := strings.Cut(key, " ")
+	switch verb {
+	case "POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE":
+		return true
+	}
+	return false
 }
 
 func parseLabels(series string) map[string]string {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -167,17 +168,29 @@ func (r *report) print(out io.Writer) {
 	if t := r.Throughput; t != nil {
 		section(fmt.Sprintf("3. Throughput: closed-loop acquire→release, %d clients, %s windows", t.Clients, t.Window))
 		row("run", "resources", "cycles", "cycles/s", "cycle p50 ms", "cycle p99 ms", "API writes/cycle", "client writes/cycle", "CAS conflicts")
-		for _, x := range t.Runs {
+		runs := t.Runs
+		if t.Floor != nil {
+			runs = append(slices.Clone(runs), *t.Floor)
+		}
+		for _, x := range runs {
 			row(x.Name, x.Resources, x.Cycles, x.PerSecond, x.Cycle.P50, x.Cycle.P99, x.WritesPerCycle, x.ClientWritesPerCycle, x.Conflicts)
 		}
 		tw.Flush()
-		for _, x := range t.Runs {
+		for _, x := range runs {
 			if len(x.WriteBreakdown) > 0 {
 				fmt.Fprintf(out, "  %s — API writes/cycle by resource: %s\n", x.Name, breakdown(x.WriteBreakdown))
+			}
+			if len(x.ReadBreakdown) > 0 {
+				fmt.Fprintf(out, "  %s — API reads/cycle by resource: %s\n", x.Name, breakdown(x.ReadBreakdown))
 			}
 			if len(x.CPUPerCycle) > 0 {
 				fmt.Fprintf(out, "  %s — CPU ms/cycle by process: %s (machine %.0f%% busy)\n", x.Name, breakdown(x.CPUPerCycle), 100*x.MachineBusy)
 			}
+		}
+		if f := t.Floor; f != nil && len(t.Runs) == 4 {
+			fmt.Fprintf(out, "  the custom-resource floor is %s× raw uncontended and %s× raw contended; fencekeeper reaches %s of it uncontended, %s contended\n",
+				fmtF(t.FloorOverRawUncontended), fmtF(t.FloorOverRawContended),
+				fmtF(ratio(t.Runs[1].PerSecond, f.PerSecond)), fmtF(ratio(t.Runs[3].PerSecond, f.PerSecond)))
 		}
 	}
 	if w := r.Webhook; w != nil {

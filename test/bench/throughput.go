@@ -10,9 +10,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
@@ -24,6 +29,12 @@ type throughputResult struct {
 	// ContendedRatio is fencekeeper's contended cycles/s over the raw baseline's.
 	ContendedRatio   float64 `json:"contended_ratio_fencekeeper_over_raw"`
 	UncontendedRatio float64 `json:"uncontended_ratio_fencekeeper_over_raw"`
+	// Floor is the custom-resource floor run (floor.go): four writes per
+	// cycle and nothing else. FloorOverRaw* are its cycles/s over each raw
+	// baseline's, the best ratio a CPU-bound fencekeeper could reach here.
+	Floor                   *tputRun `json:"floor,omitempty"`
+	FloorOverRawUncontended float64  `json:"floor_over_raw_uncontended"`
+	FloorOverRawContended   float64  `json:"floor_over_raw_contended"`
 }
 
 type tputRun struct {
@@ -39,6 +50,9 @@ type tputRun struct {
 	ClientWritesPerCycle float64            `json:"client_writes_per_cycle"`
 	Conflicts            float64            `json:"client_cas_conflicts_per_cycle"`
 	WriteBreakdown       map[string]float64 `json:"api_writes_per_cycle_by_resource"`
+	// ReadBreakdown is the reads (GET, LIST, WATCH: the API server counts a
+	// watch when it ends) per cycle by resource, with the same keys.
+	ReadBreakdown map[string]float64 `json:"api_reads_per_cycle_by_resource"`
 	// CPUPerCycle is each process's CPU milliseconds per completed cycle in
 	// the window; MachineBusy the fraction of the machine's CPU in use. With
 	// the machine near 1, cycles/s is CPU per cycle divided into the cores.
@@ -133,6 +147,14 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 		fmt.Fprintf(log, "   %s: %.1f cycles/s, %.2f API writes/cycle\n", run.Name, run.PerSecond, run.WritesPerCycle)
 		t.Runs = append(t.Runs, run)
 	}
+	floor, err := e.floorRun(ctx, cfg, ns, "t1-r0")
+	if err != nil {
+		return fmt.Errorf("custom-resource floor: %w", err)
+	}
+	fmt.Fprintf(log, "   %s: %.1f cycles/s, %.2f API writes/cycle\n", floor.Name, floor.PerSecond, floor.WritesPerCycle)
+	t.Floor = &floor
+	t.FloorOverRawUncontended = ratio(floor.PerSecond, t.Runs[0].PerSecond)
+	t.FloorOverRawContended = ratio(floor.PerSecond, t.Runs[2].PerSecond)
 	t.UncontendedRatio = ratio(t.Runs[1].PerSecond, t.Runs[0].PerSecond)
 	t.ContendedRatio = ratio(t.Runs[3].PerSecond, t.Runs[2].PerSecond)
 	r.judge("contended throughput", "fencekeeper cycles/s ≥ 0.5× raw two-CAS (shown as raw/fencekeeper ≤ 2)",
@@ -149,6 +171,56 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 	}
 	r.judge("API writes per contended cycle", "≤ 4.5 (all writes, by resource below the throughput table)", writes, 4.5, "", "")
 	return nil
+}
+
+// floorRun measures the custom-resource floor (floor.go) with as many
+// clients as the other runs, each on its own registry object, copying the
+// status of fencekeeper's registry object template.
+func (e *env) floorRun(ctx context.Context, cfg *config, ns, template string) (tputRun, error) {
+	if err := installFloorCRDs(ctx, e.cp.Admin); err != nil {
+		return tputRun{}, err
+	}
+	var tmpl locksv1.FencedResource
+	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
+		return tputRun{}, err
+	}
+	// The floor's clients are workers like the others, allowed the floor group.
+	for _, obj := range []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"}, Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{floorGroup}, Resources: []string{"fencedresources", "fencedresources/status", "lockgrants"},
+			Verbs: []string{"get", "list", "watch", "create", "update", "patch"}}}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "bench-floor-writer"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: localcp.WorkersGroup}}},
+	} {
+		if err := e.admin.Create(ctx, obj); err != nil {
+			return tputRun{}, err
+		}
+	}
+	count := &countingTransport{}
+	var cyclers []cycler
+	for c := 0; c < cfg.clients; c++ {
+		rc, owner, err := e.user("floor", localcp.WorkersGroup)
+		if err != nil {
+			return tputRun{}, err
+		}
+		rc = rest.CopyConfig(rc)
+		rc.Wrap(count.wrap)
+		dyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			return tputRun{}, err
+		}
+		signed, err := floorTemplate(&tmpl, owner)
+		if err != nil {
+			return tputRun{}, err
+		}
+		loop, err := newFloorLoop(ctx, dyn, ns, fmt.Sprintf("floor-r%d", c), &tmpl, signed)
+		if err != nil {
+			return tputRun{}, err
+		}
+		cyclers = append(cyclers, loop.cycle)
+	}
+	return e.closedLoop(ctx, cfg, "custom-resource floor (4 writes), uncontended", cfg.clients, cyclers, count)
 }
 
 func countedRawWorker(e *env, count *countingTransport) (kubernetes.Interface, string, error) {
@@ -223,7 +295,7 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 	if err := sleep(cfg.tputWarmup); err != nil {
 		return run, err
 	}
-	before, err := e.apiWrites(ctx)
+	before, err := e.apiRequests(ctx)
 	if err != nil {
 		return run, err
 	}
@@ -237,7 +309,7 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 	end := time.Now()
 	winEnd.Store(end.UnixNano())
 	cpu1 := sampleCPU()
-	after, err := e.apiWrites(ctx)
+	after, err := e.apiRequests(ctx)
 	if err != nil {
 		return run, err
 	}
@@ -262,10 +334,15 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 	run.Cycles = n
 	run.PerSecond = float64(n) / window
 	if n > 0 {
-		writes := diffCounts(after, before)
 		total := 0.0
-		run.WriteBreakdown = map[string]float64{}
-		for k, v := range writes {
+		run.WriteBreakdown, run.ReadBreakdown = map[string]float64{}, map[string]float64{}
+		for k, v := range diffCounts(after, before) {
+			if !isWrite(k) {
+				if v > 0 {
+					run.ReadBreakdown[k] = round2(v / float64(n))
+				}
+				continue
+			}
 			total += v
 			run.WriteBreakdown[k] = round2(v / float64(n))
 		}

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// The custom-resource floor: what a cycle costs the API server when it is
+// nothing but the writes the design needs, with no operator, no webhook and
+// no reads. It runs on copies of fencekeeper's two CRDs under a group no
+// controller watches, with objects of the real sizes (a signed holder record,
+// sixteen recently ended grants, the registry's conditions):
+//
+//	create the LockGrant → CAS the registry (issue) → the client sees it on its
+//	registry watch → release patch → CAS the registry (end, recorded)
+//
+// Four custom-resource writes per cycle, as issue 11 counts the floor. On a
+// machine whose CPU is the bottleneck, fencekeeper's cycles/s can approach
+// this loop's but not pass it; if the loop itself is under a target's ratio
+// to the raw Lease loop, that target cannot be met on this machine.
+const floorGroup = "floor.bench.fencekeeper.dev"
+
+var (
+	floorFR = schema.GroupVersionResource{Group: floorGroup, Version: locksv1.GroupVersion.Version, Resource: "fencedresources"}
+	floorLG = schema.GroupVersionResource{Group: floorGroup, Version: locksv1.GroupVersion.Version, Resource: "lockgrants"}
+)
+
+// installFloorCRDs creates fencekeeper's CRDs again under floorGroup, with
+// the same schemas, validation rules and subresources.
+func installFloorCRDs(ctx context.Context, admin *rest.Config) error {
+	cs, err := apiextensionsclient.NewForConfig(admin)
+	if err != nil {
+		return err
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	for _, file := range []string{"locks.fencekeeper.dev_fencedresources.yaml", "locks.fencekeeper.dev_lockgrants.yaml"} {
+		raw, err := os.ReadFile(filepath.Join(root, "config", "crd", "bases", file))
+		if err != nil {
+			return err
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.Unmarshal(raw, crd); err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		crd.Spec.Group = floorGroup
+		crd.Name = crd.Spec.Names.Plural + "." + floorGroup
+		crd.Spec.Names.ShortNames = nil
+		crd.Spec.Names.Categories = nil
+		crd.ResourceVersion = ""
+		if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create CRD %s: %w", crd.Name, err)
+		}
+		name := crd.Name
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		}); err != nil {
+			return fmt.Errorf("CRD %s not established: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// repoRoot is the directory holding go.mod, found from the working directory up.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// floorLoop is one client's resource in the floor run.
+type floorLoop struct {
+	dyn    dynamic.Interface
+	ns     string
+	fr     *unstructured.Unstructured // the registry as last written
+	events <-chan string              // resourceVersions its watch delivered
+	signed *locksv1.Holder            // a signed holder record to copy
+	n      int
+}
+
+// newFloorLoop creates the client's registry object (status as template has
+// it, without a holder) and its watch.
+func newFloorLoop(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource, signed *locksv1.Holder) (*floorLoop, error) {
+	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: template.Spec}
+	fr.Spec.ResourceID = ns + "/" + name
+	u, err := toFloor(fr, "FencedResource")
+	if err != nil {
+		return nil, err
+	}
+	created, err := dyn.Resource(floorFR).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create floor FencedResource: %w", err)
+	}
+	st := template.Status.DeepCopy()
+	st.Holder, st.Queue = nil, nil
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
+	if err != nil {
+		return nil, err
+	}
+	created.Object["status"] = status
+	if created, err = dyn.Resource(floorFR).Namespace(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return nil, fmt.Errorf("floor FencedResource status: %w", err)
+	}
+	w, err := dyn.Resource(floorFR).Namespace(ns).Watch(ctx, metav1.ListOptions{
+		FieldSelector: "metadata.name=" + name, ResourceVersion: created.GetResourceVersion()})
+	if err != nil {
+		return nil, err
+	}
+	events := make(chan string, 16)
+	go func() {
+		defer w.Stop()
+		defer close(events)
+		for ev := range w.ResultChan() {
+			if ev.Type != watch.Modified {
+				continue
+			}
+			if obj, ok := ev.Object.(*unstructured.Unstructured); ok {
+				select {
+				case events <- obj.GetResourceVersion():
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return &floorLoop{dyn: dyn, ns: ns, fr: created, events: events, signed: signed}, nil
+}
+
+// cycle is one acquire/release cycle of four writes.
+func (f *floorLoop) cycle(ctx context.Context) error {
+	f.n++
+	name := fmt.Sprintf("%s-%d", f.fr.GetName(), f.n)
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns}, Spec: locksv1.LockGrantSpec{
+		Resource: f.fr.GetName(), Owner: f.signed.Owner, RequestID: name, Lease: f.signed.Lease, OperationRoot: f.signed.OperationRoot}}
+	u, err := toFloor(lg, "LockGrant")
+	if err != nil {
+		return err
+	}
+	created, err := f.dyn.Resource(floorLG).Namespace(f.ns).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("floor LockGrant create: %w", err)
+	}
+	h := *f.signed
+	h.GrantName, h.GrantUID, h.RequestID = name, string(created.GetUID()), name
+	if err := f.cas(ctx, func(st *locksv1.FencedResourceStatus) {
+		st.FenceToken++
+		h.FenceToken = st.FenceToken
+		st.Holder = &h
+	}); err != nil {
+		return err
+	}
+	if _, err := f.dyn.Resource(floorLG).Namespace(f.ns).Patch(ctx, name, types.MergePatchType,
+		[]byte(`{"spec":{"release":true}}`), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("floor release: %w", err)
+	}
+	return f.cas(ctx, func(st *locksv1.FencedResourceStatus) {
+		st.Holder = nil
+		st.RecentlyEnded = append(st.RecentlyEnded, locksv1.EndedGrant{GrantUID: string(created.GetUID()),
+			Phase: locksv1.PhaseReleased, Reason: locksv1.ReasonReleased})
+		if over := len(st.RecentlyEnded) - locksv1.MaxRecentlyEnded; over > 0 {
+			st.RecentlyEnded = st.RecentlyEnded[over:]
+		}
+	})
+}
+
+// cas writes the registry status with its last resourceVersion as the
+// precondition, then waits for its own watch to deliver the write.
+func (f *floorLoop) cas(ctx context.Context, change func(*locksv1.FencedResourceStatus)) error {
+	var st locksv1.FencedResourceStatus
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(f.fr.Object["status"].(map[string]any), &st); err != nil {
+		return err
+	}
+	change(&st)
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return err
+	}
+	next := f.fr.DeepCopy()
+	next.Object["status"] = status
+	written, err := f.dyn.Resource(floorFR).Namespace(f.ns).UpdateStatus(ctx, next, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("floor registry CAS: %w", err)
+	}
+	f.fr = written
+	for {
+		select {
+		case rv, ok := <-f.events:
+			if !ok {
+				return fmt.Errorf("floor registry watch of %s closed", f.fr.GetName())
+			}
+			if rv == written.GetResourceVersion() {
+				return nil
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// toFloor converts one of fencekeeper's objects into the floor group's.
+func toFloor(obj runtime.Object, kind string) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetAPIVersion(floorGroup + "/" + locksv1.GroupVersion.Version)
+	u.SetKind(kind)
+	delete(u.Object, "status")
+	return u, nil
+}
+
+// floorTemplate is the registry status to copy (a real one, read back after
+// fencekeeper's own run) and a holder record signed as the issuer signs.
+func floorTemplate(fr *locksv1.FencedResource, owner string) (*locksv1.Holder, error) {
+	signer, err := grant.GenerateSigner(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	id := strings.Repeat("0", 16)
+	h := &locksv1.Holder{GrantName: "template", GrantUID: "00000000-0000-0000-0000-000000000000", Owner: owner,
+		Lease: "lease-" + id, RequestID: id, FenceToken: fr.Status.FenceToken + 1,
+		OperationRoot: "sha256:" + strings.Repeat("ab", 32), IssuerEpoch: fr.Status.IssuerEpoch, PolicyGeneration: fr.Generation,
+		BackendRevision: fr.ResourceVersion, TTLSeconds: int64(fr.Spec.LeaseDurationSeconds), IssuedAt: now.Format(time.RFC3339Nano),
+		ExpiresAt: metav1.NewMicroTime(now.Add(time.Minute))}
+	h.Digest, h.Proof, err = signer.Sign(h.Grant(fr.Spec.ResourceID))
+	return h, err
+}
