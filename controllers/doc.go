@@ -11,7 +11,7 @@
 //     pure, confirmed by DecideConfirmed's reads around the cache) → commit
 //     (one compare-and-swap of the FencedResource status, the only place a
 //     fence is allocated) → mirror (Events, LockGrant statuses, finalizers;
-//     a new Pending or Held phase 100 ms late, freshholds.go), in that order.
+//     a new Held phase 100 ms late, Pending 1 s late: freshholds.go), in that order.
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust
 //     bundle: a raised revokedBelowEpoch makes every FencedResource be decided
 //     again, so grants of older epochs are revoked and their waiters served.

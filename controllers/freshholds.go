@@ -10,33 +10,53 @@ import (
 	"github.com/fencekeeper/fencekeeper/internal/issuing"
 )
 
-// heldMirrorDelay is how long a LockGrant's move to a new non-final phase
-// (Pending when it is queued, Held when it is granted) waits before it is
-// written. Most waits and most critical sections are shorter: the LockGrant
-// then goes straight to its final status, which carries the grant, and an
-// acquire/release cycle costs one LockGrant status write instead of two or
-// three. Nothing waits for these writes: lockclient is HELD from the
-// registry's holder record, the webhook reads only the registry, and a
-// final status (Released, Expired, Revoked, Denied) is written at once.
-const heldMirrorDelay = 100 * time.Millisecond
+// heldMirrorDelay is how long a LockGrant's move to Held waits before it is
+// written, and pendingMirrorDelay its move to Pending. Most critical
+// sections are shorter than the first and most waits shorter than the
+// second: the LockGrant then goes straight to its final status, which
+// carries the grant, and an acquire/release cycle costs one LockGrant
+// status write instead of two or three. Nothing waits for these writes:
+// lockclient is HELD from the registry's holder record, the webhook reads
+// only the registry, and a final status (Released, Expired, Revoked,
+// Denied) is written at once. Pending waits longer because it says nothing
+// the registry's queue does not already show (kubectl fence status), while
+// Held is what `kubectl fence acquire` waits for.
+const (
+	heldMirrorDelay    = 100 * time.Millisecond
+	pendingMirrorDelay = time.Second
+)
+
+// mirrorDelay is how long a move to phase waits before it is written.
+func mirrorDelay(phase locksv1.LockGrantPhase) time.Duration {
+	if phase == locksv1.PhasePending {
+		return pendingMirrorDelay
+	}
+	return heldMirrorDelay
+}
 
 // maxDeferredHolds bounds the memory of deferred Held writes; past it they
 // are all written at once.
 const maxDeferredHolds = 4096
 
 // freshHolds decides which planned LockGrant statuses to write now: a move to
-// a new non-final phase is deferred for heldMirrorDelay of real time (the
-// issuer's clock may be injected and stand still), counted from the first
-// decision that planned it; everything else (final statuses, renewals and
-// condition updates within a phase) is written at once.
+// a new non-final phase is deferred for that phase's mirrorDelay of real time
+// (the issuer's clock may be injected and stand still), counted from the
+// first decision that planned that phase; everything else (final statuses,
+// renewals and condition updates within a phase) is written at once.
 type freshHolds struct {
 	now   func() time.Time
 	mu    sync.Mutex
-	since map[types.UID]time.Time
+	since map[types.UID]deferral
+}
+
+// deferral is a planned phase not yet written, and when it was first planned.
+type deferral struct {
+	phase locksv1.LockGrantPhase
+	first time.Time
 }
 
 func newFreshHolds(now func() time.Time) *freshHolds {
-	return &freshHolds{now: now, since: map[types.UID]time.Time{}}
+	return &freshHolds{now: now, since: map[types.UID]deferral{}}
 }
 
 // due returns the statuses to write now, in the planned order, and how long
@@ -59,12 +79,12 @@ func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locks
 			write = append(write, s)
 			continue
 		}
-		first, ok := f.since[lg.UID]
-		if !ok {
-			first = now
-			f.since[lg.UID] = now
+		d, ok := f.since[lg.UID]
+		if !ok || d.phase != s.Status.Phase {
+			d = deferral{phase: s.Status.Phase, first: now}
+			f.since[lg.UID] = d
 		}
-		if left := heldMirrorDelay - now.Sub(first); left > 0 {
+		if left := mirrorDelay(d.phase) - now.Sub(d.first); left > 0 {
 			if wait == 0 || left < wait {
 				wait = left
 			}

@@ -72,3 +72,41 @@ func TestSoonest(t *testing.T) {
 		}
 	}
 }
+
+// A waiter's Pending waits longer than a holder's Held, and each phase's
+// delay counts from the first decision that planned that phase: a waiter
+// granted after a short wait is not written Held at once because its
+// Pending had been deferred.
+func TestFreshHoldsDelayPerPhase(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := newFreshHolds(func() time.Time { return now })
+	w := waiting("w", 0)
+	grants := map[string]*locksv1.LockGrant{"w": &w}
+	pending := issuing.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
+	held := issuing.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
+
+	if write, wait := f.due([]issuing.GrantStatus{pending}, grants); len(write) != 0 || wait != pendingMirrorDelay {
+		t.Fatalf("queued: write %d, wait %v; want nothing for %v", len(write), wait, pendingMirrorDelay)
+	}
+	now = now.Add(300 * time.Millisecond)
+	if write, wait := f.due([]issuing.GrantStatus{pending}, grants); len(write) != 0 || wait != pendingMirrorDelay-300*time.Millisecond {
+		t.Fatalf("300 ms later: write %d, wait %v; want nothing yet", len(write), wait)
+	}
+	// Granted after 300 ms of waiting: the Held waits its own delay.
+	now = now.Add(time.Millisecond)
+	if write, wait := f.due([]issuing.GrantStatus{held}, grants); len(write) != 0 || wait != heldMirrorDelay {
+		t.Fatalf("granted: write %d, wait %v; want nothing for %v", len(write), wait, heldMirrorDelay)
+	}
+	now = now.Add(heldMirrorDelay)
+	if write, _ := f.due([]issuing.GrantStatus{held}, grants); len(write) != 1 {
+		t.Fatal("Held not written once due")
+	}
+	// A wait longer than the Pending delay is mirrored.
+	v := waiting("v", time.Second)
+	grants["v"] = &v
+	f.due([]issuing.GrantStatus{{Name: "v", Status: pending.Status}}, grants)
+	now = now.Add(pendingMirrorDelay)
+	if write, _ := f.due([]issuing.GrantStatus{{Name: "v", Status: pending.Status}}, grants); len(write) != 1 {
+		t.Fatal("a long wait's Pending not written")
+	}
+}
