@@ -23,7 +23,10 @@
 // that write, before the issuer mirrors it into the LockGrant's status. The
 // LockGrant is followed too (it alone records a request denied before it was
 // held, and renewals and the end of the lock); without read access to the
-// FencedResource, Acquire waits for the mirror. Release is one merge patch of
+// FencedResource, Acquire waits for the mirror. An acquire costs the API
+// server two watches and no read: the registry's, opened without a
+// resourceVersion so it starts with the registry as it is, and one of the
+// LockGrant from its create to the lock's end. Release is one merge patch of
 // spec.release: no read, no conflict.
 //
 // A lost create response is recovered by reading the LockGrant named

@@ -66,6 +66,10 @@ type Lock struct {
 	err       error // why the lock ended
 	orphaned  bool  // Orphan was called: nobody follows the grant any more
 	done      chan struct{}
+	// updates carries the LockGrant's changes from its one watch (follow),
+	// from the create to the lock's end; cancel stops that watch and the keeper.
+	updates   chan *locksv1.LockGrant
+	following context.Context
 	cancel    context.CancelFunc
 }
 
@@ -87,12 +91,24 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	if err := l.createOrRecover(ctx); err != nil {
 		return nil, err
 	}
+	// One watch of the LockGrant serves the wait and then the keeper.
+	l.startFollowing(ctx, l.requested.ResourceVersion)
 	lg, err := l.waitHeld(ctx)
 	if err != nil {
+		l.cancel()
 		return nil, err
 	}
-	l.hold(ctx, lg)
+	l.hold(lg)
 	return l, nil
+}
+
+// startFollowing starts the LockGrant's watch (from resourceVersion, when
+// known), which lives until l.cancel: past the ctx of Acquire or Attach.
+func (l *Lock) startFollowing(ctx context.Context, resourceVersion string) {
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.following, l.cancel = fctx, cancel
+	l.updates = make(chan *locksv1.LockGrant, 8)
+	go l.follow(fctx, resourceVersion, l.updates)
 }
 
 // Attach takes over an existing held LockGrant of this client's identity by
@@ -127,7 +143,8 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 		}
 		lg = *held
 	}
-	l.hold(ctx, &lg)
+	l.startFollowing(ctx, "")
+	l.hold(&lg)
 	return l, nil
 }
 
@@ -138,8 +155,9 @@ func phaseOrPending(lg *locksv1.LockGrant) locksv1.LockGrantPhase {
 	return lg.Status.Phase
 }
 
-// hold enters HELD with the issuer's view lg and starts the keeper.
-func (l *Lock) hold(ctx context.Context, lg *locksv1.LockGrant) {
+// hold enters HELD with the issuer's view lg and starts the keeper, which
+// lives as long as the LockGrant's watch (startFollowing).
+func (l *Lock) hold(lg *locksv1.LockGrant) {
 	lease := time.Duration(lg.Status.Grant.TTLSeconds) * time.Second
 	if l.opts.RenewInterval <= 0 {
 		l.opts.RenewInterval = lease / 3
@@ -151,9 +169,7 @@ func (l *Lock) hold(ctx context.Context, lg *locksv1.LockGrant) {
 	l.view = lg
 	l.mu.Unlock()
 	l.apply(learned{kind: observed, phase: locksv1.PhaseHeld, confirmed: true})
-	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l.cancel = cancel
-	go l.keep(kctx)
+	go l.keep(l.following)
 }
 
 // createOrRecover creates the LockGrant once. When the outcome of a create is
@@ -211,44 +227,44 @@ func (l *Lock) checkMine(ctx context.Context) error {
 // signed grant, so HELD is known one watch hop after that write instead of
 // after the LockGrant status mirror the issuer writes next; and it follows
 // the LockGrant, which alone records an end before holding (Denied). The
-// registry is only a short cut: if it cannot be read or watched, the
-// LockGrant decides alone.
+// registry is only a short cut: if it cannot be watched, the LockGrant
+// decides alone. LockGrant changes are taken from l.updates only here, in
+// this goroutine, so none the keeper needs is lost when the registry decides.
 func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type decision struct {
-		lg  *locksv1.LockGrant
-		err error
+	if done, err := acquired(l.requested); done {
+		return l.requested.DeepCopy(), err
 	}
-	decided := make(chan decision, 2)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fromRegistry := make(chan *locksv1.LockGrant, 1)
 	go func() {
-		lg, err := l.waitGrantDecided(ctx)
-		decided <- decision{lg, err}
-	}()
-	go func() {
-		if lg := l.waitRegistryHolder(ctx); lg != nil {
-			decided <- decision{lg, nil}
+		if lg := l.waitRegistryHolder(rctx); lg != nil {
+			fromRegistry <- lg
 		}
 	}()
-	d := <-decided
-	return d.lg, d.err
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case lg := <-fromRegistry:
+			return lg, nil
+		case lg := <-l.updates:
+			if done, err := acquired(lg); done {
+				return lg, err
+			}
+		}
+	}
 }
 
 // waitRegistryHolder follows the FencedResource until its holder record
 // names this request's LockGrant (by UID), and returns the LockGrant as held
-// from that record; nil when the registry cannot be followed or ctx ends.
+// from that record; nil when the registry cannot be followed or ctx ends. A
+// watch without a resourceVersion starts with the registry as it is now, so
+// no read comes before it.
 func (l *Lock) waitRegistryHolder(ctx context.Context) *locksv1.LockGrant {
-	key := types.NamespacedName{Namespace: l.key.Namespace, Name: l.resource}
 	for ctx.Err() == nil {
-		var fr locksv1.FencedResource
-		if err := l.c.kube.Get(ctx, key, &fr); err != nil {
-			return nil
-		}
-		if lg := l.heldFrom(&fr); lg != nil {
-			return lg
-		}
-		w, err := l.c.kube.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(key.Namespace),
-			client.MatchingFields{"metadata.name": key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: fr.ResourceVersion}})
+		w, err := l.c.kube.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(l.key.Namespace),
+			client.MatchingFields{"metadata.name": l.resource})
 		if err != nil {
 			return nil
 		}
@@ -278,43 +294,6 @@ func (l *Lock) heldFrom(fr *locksv1.FencedResource) *locksv1.LockGrant {
 	return lg
 }
 
-// waitGrantDecided follows the LockGrant with a watch until the issuer decides.
-func (l *Lock) waitGrantDecided(ctx context.Context) (*locksv1.LockGrant, error) {
-	// The first watch starts from the LockGrant as created or read back;
-	// after a watch ends, from a fresh read.
-	lg := *l.requested.DeepCopy()
-	for first := true; ; first = false {
-		if !first {
-			lg = locksv1.LockGrant{}
-			if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
-				return nil, err
-			}
-		}
-		if done, err := acquired(&lg); done {
-			return &lg, err
-		}
-		w, err := l.c.kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(l.key.Namespace),
-			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: lg.ResourceVersion}})
-		if err != nil {
-			return nil, err
-		}
-		for ev := range w.ResultChan() {
-			obj, ok := ev.Object.(*locksv1.LockGrant)
-			if !ok || ev.Type == watch.Error {
-				break
-			}
-			if done, err := acquired(obj); done {
-				w.Stop()
-				return obj, err
-			}
-		}
-		w.Stop()
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-	}
-}
-
 // acquired reports whether the issuer decided the request: held (with its
 // grant), or ended before this lock saw it held.
 func acquired(lg *locksv1.LockGrant) (bool, error) {
@@ -329,8 +308,7 @@ func acquired(lg *locksv1.LockGrant) (bool, error) {
 
 // keep renews the lease and follows the LockGrant until the lock ends.
 func (l *Lock) keep(ctx context.Context) {
-	updates := make(chan *locksv1.LockGrant, 8)
-	go l.follow(ctx, updates)
+	updates := l.updates
 	ticker := time.NewTicker(l.opts.RenewInterval)
 	defer ticker.Stop()
 	for {
@@ -349,11 +327,14 @@ func (l *Lock) keep(ctx context.Context) {
 	}
 }
 
-// follow streams the LockGrant's updates, re-watching when a watch ends.
-func (l *Lock) follow(ctx context.Context, out chan<- *locksv1.LockGrant) {
+// follow streams the LockGrant's updates into out until ctx ends: the first
+// watch from resourceVersion (when set), each later one from the object as
+// it is then (a watch without a resourceVersion starts with it).
+func (l *Lock) follow(ctx context.Context, resourceVersion string, out chan<- *locksv1.LockGrant) {
 	for ctx.Err() == nil {
 		w, err := l.c.kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(l.key.Namespace),
-			client.MatchingFields{"metadata.name": l.key.Name})
+			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: resourceVersion}})
+		resourceVersion = ""
 		if err != nil {
 			_ = sleep(ctx, 200*time.Millisecond)
 			continue
