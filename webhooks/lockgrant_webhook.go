@@ -39,6 +39,8 @@ import (
 type LockGrantValidator struct {
 	// Reader serves uncached reads of FencedResources, LockGrants and Namespaces.
 	Reader client.Reader
+	// Cache serves cached reads of FencedResources (nil: Reader serves them).
+	Cache client.Reader
 	// Operator is the operator's user name (it manages the release finalizer).
 	Operator string
 	// BreakGlass authorizes overrides by anyone else.
@@ -54,6 +56,7 @@ func SetupLockGrantWebhook(mgr ctrl.Manager, namespace string) error {
 	return ctrl.NewWebhookManagedBy(mgr, &locksv1.LockGrant{}).
 		WithValidator(&LockGrantValidator{
 			Reader:     mgr.GetAPIReader(),
+			Cache:      mgr.GetClient(),
 			Operator:   locksv1.OperatorUsername(namespace),
 			BreakGlass: &BreakGlassAuthorizer{Client: mgr.GetClient()},
 			Recorder:   mgr.GetEventRecorder("fencekeeper-webhook"),
@@ -67,15 +70,37 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	if err != nil {
 		return nil, err
 	}
-	var fr locksv1.FencedResource
-	err = v.Reader.Get(ctx, types.NamespacedName{Namespace: lg.Namespace, Name: lg.Spec.Resource}, &fr)
+	fr, err := v.fencedResource(ctx, types.NamespacedName{Namespace: lg.Namespace, Name: lg.Spec.Resource})
 	if apierrors.IsNotFound(err) {
 		return nil, invalidLockGrant(lg, field.ErrorList{field.Invalid(field.NewPath("spec", "resource"), lg.Spec.Resource,
 			fmt.Sprintf("FencedResource %q does not exist in namespace %q; create it first", lg.Spec.Resource, lg.Namespace))})
 	} else if err != nil {
 		return nil, fmt.Errorf("read FencedResource %s/%s: %w", lg.Namespace, lg.Spec.Resource, err)
 	}
-	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, lg, &fr))
+	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, lg, fr))
+}
+
+// fencedResource reads a request's FencedResource from the cache, and from
+// the API server when the cache does not have it (yet). A cached copy may
+// lag a policy change (allowedOwners, operationCategories): that is safe,
+// because the issuer checks the policy again before it issues and denies the
+// request then; a FencedResource created a moment ago is not refused for
+// the cache's lag.
+func (v *LockGrantValidator) fencedResource(ctx context.Context, key types.NamespacedName) (*locksv1.FencedResource, error) {
+	var fr locksv1.FencedResource
+	if v.Cache != nil {
+		err := v.Cache.Get(ctx, key, &fr)
+		if err == nil {
+			return &fr, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+	}
+	if err := v.Reader.Get(ctx, key, &fr); err != nil {
+		return nil, err
+	}
+	return &fr, nil
 }
 
 // invalidLockGrant is the 422 answer for errs (nil when there are none).

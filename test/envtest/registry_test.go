@@ -305,6 +305,29 @@ var _ = Describe("the lock registry", func() {
 		})).To(MatchError(ContainSubstring("resourceID is immutable")))
 	})
 
+	It("never issues to an owner a policy change removed, though the webhook may admit it from its cache", func() {
+		// The LockGrant webhook reads the FencedResource from its cache (the
+		// API server only on a miss): a request racing a policy change can be
+		// admitted on the old policy. The issuer decides on the registry it
+		// compares-and-swaps, so such a request is denied, never issued.
+		newFencedResource(ns, "batch", 30, func(fr *locksv1.FencedResource) {
+			fr.Spec.AllowedOwners = []string{"worker-a", "worker-b"}
+		})
+		a := request(ns, "batch", "worker-a", "first")
+		waitPhase(a, locksv1.PhaseHeld) // the operator's cache has the FencedResource now
+		Expect(update(admin, &locksv1.FencedResource{ObjectMeta: getFR(ns, "batch").ObjectMeta}, func(fr *locksv1.FencedResource) {
+			fr.Spec.AllowedOwners = []string{"worker-a"}
+		})).To(Succeed())
+		b := newGrant(ns, "batch", "worker-b", "raced")
+		if err := workers["worker-b"].Create(suiteCtx, b); err != nil {
+			Expect(err).To(invalidAt("spec.owner", "is not in FencedResource batch spec.allowedOwners"))
+		} else {
+			release(a)
+			waitPhase(b, locksv1.PhaseDenied)
+		}
+		Expect(getFR(ns, "batch").Status.Holder).To(Or(BeNil(), HaveField("Owner", "worker-a")))
+	})
+
 	It("lets the owner renew and release without calling the LockGrant webhook, and the CRD still holds the spec rules", func() {
 		// The owner's updates are the critical path of every renewal and
 		// handoff: the webhook configuration's matchCondition leaves them to
