@@ -200,6 +200,44 @@ var _ = Describe("the worker client", func() {
 		Expect(l.Done()).To(BeClosed())
 	})
 
+	It("acquires and releases without a read: one registry watch, one LockGrant watch, two writes", func() {
+		// The API server's CPU bounds acquire/release cycles per second;
+		// a cycle's requests are what the client costs it.
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		var mu sync.Mutex
+		requests := map[string]int{}
+		cfg := rest.CopyConfig(testEnvUserConfig("worker-a"))
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				kind := req.Method
+				if req.URL.Query().Get("watch") == "true" {
+					kind = "WATCH"
+				}
+				resource := "other"
+				for _, r := range []string{"fencedresources", "lockgrants"} {
+					if strings.Contains(req.URL.Path, "/"+r) {
+						resource = r
+					}
+				}
+				mu.Lock()
+				requests[kind+" "+resource]++
+				mu.Unlock()
+				return rt.RoundTrip(req)
+			})
+		}
+		c, err := lockclient.NewForConfig(suiteCtx, cfg, ns)
+		Expect(err).NotTo(HaveOccurred())
+		mu.Lock()
+		clear(requests) // discovery and the identity review belong to the client, not the cycle
+		mu.Unlock()
+		l, err := c.Acquire(suiteCtx, "batch", lockclient.AcquireOptions{RequestID: "counted"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l.Release(suiteCtx)).To(Succeed())
+		mu.Lock()
+		defer mu.Unlock()
+		Expect(requests).To(Equal(map[string]int{"POST lockgrants": 1, "WATCH lockgrants": 1, "WATCH fencedresources": 1, "PATCH lockgrants": 1}))
+	})
+
 	It("resolves a lost write ACK from the receipts: applied, and proven absent", func() {
 		// A 60 s lease: renewals every 20 s stay clear of the commits, so a
 		// slow confirmation on a busy machine cannot make ownership unknown
