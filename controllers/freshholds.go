@@ -34,9 +34,16 @@ func mirrorDelay(phase locksv1.LockGrantPhase) time.Duration {
 	return heldMirrorDelay
 }
 
-// maxDeferredHolds bounds the memory of deferred Held writes; past it they
-// are all written at once.
-const maxDeferredHolds = 4096
+// maxDeferredHolds bounds the memory of deferred writes: past it, a new one
+// is written at once, and those already deferred keep their time. (Clearing
+// the memory instead restarts every deferral, and a burst larger than the
+// bound then never comes due.) An entry is forgotten when its status is
+// written; one whose LockGrant is never planned again (deleted) is dropped
+// once it is staleDeferral old.
+const (
+	maxDeferredHolds = 4096
+	staleDeferral    = 10 * pendingMirrorDelay
+)
 
 // freshHolds decides which planned LockGrant statuses to write now: a move to
 // a new non-final phase is deferred for that phase's mirrorDelay of real time
@@ -64,10 +71,14 @@ func newFreshHolds(now func() time.Time) *freshHolds {
 func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locksv1.LockGrant) ([]issuing.GrantStatus, time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.since) > maxDeferredHolds {
-		clear(f.since)
-	}
 	now := f.now()
+	if len(f.since) >= maxDeferredHolds {
+		for uid, d := range f.since {
+			if now.Sub(d.first) > staleDeferral {
+				delete(f.since, uid)
+			}
+		}
+	}
 	var write []issuing.GrantStatus
 	var wait time.Duration
 	for _, s := range planned {
@@ -81,6 +92,10 @@ func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locks
 		}
 		d, ok := f.since[lg.UID]
 		if !ok || d.phase != s.Status.Phase {
+			if !ok && len(f.since) >= maxDeferredHolds {
+				write = append(write, s)
+				continue
+			}
 			d = deferral{phase: s.Status.Phase, first: now}
 			f.since[lg.UID] = d
 		}

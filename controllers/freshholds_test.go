@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -108,5 +109,40 @@ func TestFreshHoldsDelayPerPhase(t *testing.T) {
 	now = now.Add(pendingMirrorDelay)
 	if write, _ := f.due([]issuing.GrantStatus{{Name: "v", Status: pending.Status}}, grants); len(write) != 1 {
 		t.Fatal("a long wait's Pending not written")
+	}
+}
+
+// Past maxDeferredHolds deferred statuses (a burst of grants on thousands of
+// resources), new ones are written at once, and those already deferred keep
+// their time: before, the whole memory was cleared, every deferral restarted
+// from zero, the map filled again within the delay, and nothing was ever due
+// (the scale bench's 10,000 grants stalled at 5,808 Held, the issuer
+// requeueing millions of times).
+func TestFreshHoldsBound(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := newFreshHolds(func() time.Time { return now })
+	grants := map[string]*locksv1.LockGrant{}
+	held := func(name string) issuing.GrantStatus {
+		return issuing.GrantStatus{Name: name, Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
+	}
+	var planned []issuing.GrantStatus
+	for i := range maxDeferredHolds {
+		name := fmt.Sprintf("g%d", i)
+		lg := waiting(name, time.Duration(i))
+		grants[name] = &lg
+		planned = append(planned, held(name))
+	}
+	if write, _ := f.due(planned, grants); len(write) != 0 {
+		t.Fatalf("%d written at once below the bound", len(write))
+	}
+	extra := waiting("extra", time.Hour)
+	grants["extra"] = &extra
+	now = now.Add(heldMirrorDelay / 2)
+	if write, _ := f.due([]issuing.GrantStatus{held("extra")}, grants); len(write) != 1 {
+		t.Fatal("a status past the bound was deferred")
+	}
+	now = now.Add(heldMirrorDelay / 2)
+	if write, _ := f.due(planned, grants); len(write) != maxDeferredHolds {
+		t.Fatalf("%d of %d deferred statuses due after the delay", len(write), maxDeferredHolds)
 	}
 }
