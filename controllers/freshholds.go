@@ -72,41 +72,55 @@ func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locks
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
-	if len(f.since) >= maxDeferredHolds {
-		for uid, d := range f.since {
-			if now.Sub(d.first) > staleDeferral {
-				delete(f.since, uid)
-			}
-		}
-	}
+	f.prune(now)
 	var write []issuing.GrantStatus
 	var wait time.Duration
 	for _, s := range planned {
-		lg := grants[s.Name]
-		if lg == nil || s.Status.Phase.Terminal() || lg.Status.Phase == s.Status.Phase {
-			if lg != nil {
-				delete(f.since, lg.UID)
-			}
+		left := f.left(s, grants[s.Name], now)
+		if left <= 0 {
 			write = append(write, s)
 			continue
 		}
-		d, ok := f.since[lg.UID]
-		if !ok || d.phase != s.Status.Phase {
-			if !ok && len(f.since) >= maxDeferredHolds {
-				write = append(write, s)
-				continue
-			}
-			d = deferral{phase: s.Status.Phase, first: now}
-			f.since[lg.UID] = d
+		if wait == 0 || left < wait {
+			wait = left
 		}
-		if left := mirrorDelay(d.phase) - now.Sub(d.first); left > 0 {
-			if wait == 0 || left < wait {
-				wait = left
-			}
-			continue
-		}
-		delete(f.since, lg.UID)
-		write = append(write, s)
 	}
 	return write, wait
+}
+
+// left is how long s must still wait (≤ 0: write it now), remembering when
+// its phase was first planned and forgetting it once it is due.
+func (f *freshHolds) left(s issuing.GrantStatus, lg *locksv1.LockGrant, now time.Time) time.Duration {
+	if lg == nil {
+		return 0
+	}
+	if s.Status.Phase.Terminal() || lg.Status.Phase == s.Status.Phase {
+		delete(f.since, lg.UID)
+		return 0
+	}
+	d, ok := f.since[lg.UID]
+	if !ok || d.phase != s.Status.Phase {
+		if !ok && len(f.since) >= maxDeferredHolds {
+			return 0
+		}
+		d = deferral{phase: s.Status.Phase, first: now}
+		f.since[lg.UID] = d
+	}
+	left := mirrorDelay(d.phase) - now.Sub(d.first)
+	if left <= 0 {
+		delete(f.since, lg.UID)
+	}
+	return left
+}
+
+// prune drops, at the bound, deferrals of LockGrants never planned again.
+func (f *freshHolds) prune(now time.Time) {
+	if len(f.since) < maxDeferredHolds {
+		return
+	}
+	for uid, d := range f.since {
+		if now.Sub(d.first) > staleDeferral {
+			delete(f.since, uid)
+		}
+	}
 }

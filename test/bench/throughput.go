@@ -152,7 +152,14 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 		return fmt.Errorf("custom-resource floor: %w", err)
 	}
 	fmt.Fprintf(log, "   %s: %.1f cycles/s, %.2f API writes/cycle\n", floor.Name, floor.PerSecond, floor.WritesPerCycle)
-	t.Floor = &floor
+	r.judgeThroughput(t, &floor, cfg)
+	return nil
+}
+
+// judgeThroughput sets the ratios of the four runs and the floor, and judges
+// issue 11's throughput targets.
+func (r *report) judgeThroughput(t *throughputResult, floor *tputRun, cfg *config) {
+	t.Floor = floor
 	t.FloorOverRawUncontended = ratio(floor.PerSecond, t.Runs[0].PerSecond)
 	t.FloorOverRawContended = ratio(floor.PerSecond, t.Runs[2].PerSecond)
 	t.UncontendedRatio = ratio(t.Runs[1].PerSecond, t.Runs[0].PerSecond)
@@ -170,7 +177,6 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 		writes = math.NaN()
 	}
 	r.judge("API writes per contended cycle", "≤ 4.5 (all writes, by resource below the throughput table)", writes, 4.5, "", "")
-	return nil
 }
 
 // floorRun measures the custom-resource floor (floor.go) with as many
