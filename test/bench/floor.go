@@ -46,14 +46,11 @@ var (
 	floorLG = schema.GroupVersionResource{Group: floorGroup, Version: locksv1.GroupVersion.Version, Resource: "lockgrants"}
 )
 
-// installFloorCRDs creates fencekeeper's CRDs again under floorGroup, with
-// the same schemas, validation rules and subresources.
-func installFloorCRDs(ctx context.Context, admin *rest.Config) error {
+// installFloorCRDs creates fencekeeper's CRDs (from the repository at root)
+// again under floorGroup, with the same schemas, validation rules and
+// subresources.
+func installFloorCRDs(ctx context.Context, admin *rest.Config, root string) error {
 	cs, err := apiextensionsclient.NewForConfig(admin)
-	if err != nil {
-		return err
-	}
-	root, err := repoRoot()
 	if err != nil {
 		return err
 	}
@@ -91,24 +88,6 @@ func installFloorCRDs(ctx context.Context, admin *rest.Config) error {
 		}
 	}
 	return nil
-}
-
-// repoRoot is the directory holding go.mod, found from the working directory up.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // floorLoop is one client's resource in the floor run.

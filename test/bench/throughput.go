@@ -183,7 +183,7 @@ func (r *report) judgeThroughput(t *throughputResult, floor *tputRun, cfg *confi
 // clients as the other runs, each on its own registry object, copying the
 // status of fencekeeper's registry object template.
 func (e *env) floorRun(ctx context.Context, cfg *config, ns, template string) (tputRun, error) {
-	if err := installFloorCRDs(ctx, e.cp.Admin); err != nil {
+	if err := installFloorCRDs(ctx, e.cp.Admin, e.cp.Root()); err != nil {
 		return tputRun{}, err
 	}
 	var tmpl locksv1.FencedResource
