@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -245,7 +246,7 @@ func (cp *ControlPlane) WebhookConfigurations() ([]*admissionregistrationv1.Vali
 // InstallWebhooks installs the webhook configuration pointing at an operator
 // serving on https://host:port, without a caBundle: the operator's
 // self-signed-certificate mode patches it in, as it does in a cluster without
-// cert-manager.
+// cert-manager. It replaces configurations an earlier call installed.
 func (cp *ControlPlane) InstallWebhooks(ctx context.Context, host string, port int) error {
 	admin, err := cp.AdminClient()
 	if err != nil {
@@ -261,7 +262,14 @@ func (cp *ControlPlane) InstallWebhooks(ctx context.Context, host string, port i
 			url := fmt.Sprintf("https://%s:%d%s", host, port, *cc.Service.Path)
 			cc.Service, cc.URL = nil, &url
 		}
-		if err := admin.Create(ctx, cfg); err != nil {
+		err := admin.Create(ctx, cfg)
+		if apierrors.IsAlreadyExists(err) {
+			// An earlier install pointed at another operator: replace it.
+			if err = admin.Delete(ctx, cfg.DeepCopy()); client.IgnoreNotFound(err) == nil {
+				err = admin.Create(ctx, cfg)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("install webhook configuration: %w", err)
 		}
 	}

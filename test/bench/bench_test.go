@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
 // TestQuickBench runs `make bench`'s program in -quick mode against the
@@ -79,5 +83,47 @@ func TestQuickBench(t *testing.T) {
 	// at one rate, scale handoff, webhook, create and RSS; then non-target.
 	if len(rep.Targets) != 13 {
 		t.Errorf("%d targets judged, want 13 (handoff ×2, expiry, throughput ×3, webhook ×2 at one rate, scale ×4, non-target)", len(rep.Targets))
+	}
+}
+
+// The operator's ports are picked free and handed to a child process, so
+// another process can take one in between (this happened in CI: the
+// operator exited on "address already in use" and the bench waited 90 s for
+// grants from it). The bench starts it again on other ports.
+func TestOperatorStartsAgainWhenAPortIsTaken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; skipped with -short")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	picked := 0
+	freePort = func() (int, error) {
+		picked++
+		if picked == 2 { // the first launch's metrics port
+			return taken.Addr().(*net.TCPAddr).Port, nil
+		}
+		return localcp.FreePort()
+	}
+	defer func() { freePort = localcp.FreePort }()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cp, err := localcp.Start(ctx, localcp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cp.Stop() }()
+	s, err := startSubprocess(ctx, cp, &config{maxReconciles: 1})
+	if err != nil {
+		t.Fatalf("operator not started: %v", err)
+	}
+	defer func() { _ = s.Stop() }()
+	if picked != 6 {
+		t.Fatalf("%d ports picked, want 6 (two launches)", picked)
+	}
+	if _, err := s.Metrics(ctx); err != nil {
+		t.Fatalf("the second launch serves no metrics: %v", err)
 	}
 }

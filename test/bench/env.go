@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -251,18 +252,38 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/manager: %v\n%s", err, out)
 	}
-	webhookPort, err := localcp.FreePort()
-	if err != nil {
-		return nil, err
+	// The ports are picked free and then handed to the child, so another
+	// process (go test runs packages side by side) can take one in between:
+	// the operator then exits at once. Start it again on other ports.
+	for attempt := 1; ; attempt++ {
+		s, err := launchOperator(ctx, cp, cfg, bin)
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			return s, err
+		}
+		fmt.Fprintf(os.Stderr, "bench: %v; starting the operator again on other ports\n", err)
 	}
-	metricsPort, err := localcp.FreePort()
-	if err != nil {
-		return nil, err
+}
+
+// freePort picks a free loopback port (a variable so a test can hand out a taken one).
+var freePort = localcp.FreePort
+
+// errPortTaken is an operator that exited because a port it was given was
+// taken before it could bind it.
+var errPortTaken = errors.New("a port picked for the operator was taken")
+
+// launchOperator starts cmd/manager (built at bin) on fresh ports, installs
+// the webhook configurations pointing at it (replacing an earlier launch's),
+// and returns once its webhooks answer and its readiness probe passes.
+func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, bin string) (*subprocess, error) {
+	var ports [3]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
 	}
-	probePort, err := localcp.FreePort()
-	if err != nil {
-		return nil, err
-	}
+	webhookPort, metricsPort, probePort := ports[0], ports[1], ports[2]
 	if err := cp.InstallWebhooks(ctx, "127.0.0.1", webhookPort); err != nil {
 		return nil, err
 	}
@@ -289,11 +310,12 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 		return nil, err
 	}
 	s := &subprocess{metricsAddr: fmt.Sprintf("127.0.0.1:%d", metricsPort), certDir: dir, done: make(chan error, 1), logFile: logFile}
+	probeAddr := fmt.Sprintf("127.0.0.1:%d", probePort)
 	s.cmd = exec.Command(bin,
 		"--self-signed-certs", "--webhook-hosts=127.0.0.1,localhost",
 		"--webhook-port="+strconv.Itoa(webhookPort), "--webhook-cert-dir="+filepath.Join(dir, "certs"),
 		// The harness scrapes its own operator on loopback: plain HTTP.
-		"--metrics-bind-address="+s.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address="+fmt.Sprintf("127.0.0.1:%d", probePort),
+		"--metrics-bind-address="+s.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address="+probeAddr,
 		"--webhook-configuration="+locksv1.WebhookConfigurationName,
 		fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.maxReconciles))
 	s.cmd.Env = append(os.Environ(), "KUBECONFIG="+kcPath)
@@ -302,11 +324,47 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 		return nil, err
 	}
 	go func() { s.done <- s.cmd.Wait() }()
-	if err := cp.WaitForWebhooks(ctx); err != nil {
+	// Stop waiting for the webhooks as soon as the operator exits.
+	wctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case err := <-s.done:
+			s.done <- err
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	err = cp.WaitForWebhooks(wctx)
+	if err == nil {
+		err = s.waitReady(wctx, probeAddr)
+	}
+	cancel()
+	if err != nil {
 		_ = s.Stop()
+		if log, _ := os.ReadFile(logPath); bytes.Contains(log, []byte("address already in use")) {
+			return nil, fmt.Errorf("%w: %v", errPortTaken, err)
+		}
 		return nil, fmt.Errorf("%w (operator log: %s)", err, logPath)
 	}
 	return s, nil
+}
+
+// waitReady waits for the operator's readiness probe, or for ctx (which
+// launchOperator cancels when the operator exits).
+func (s *subprocess) waitReady(ctx context.Context, probeAddr string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := httpGet(ctx, "http://"+probeAddr+"/readyz"); err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("the operator exited while starting, or the bench was stopped: %w", ctx.Err())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the operator's readiness probe on %s did not pass within 60 s", probeAddr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (s *subprocess) Describe() string {
