@@ -349,22 +349,34 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 	return s, nil
 }
 
-// waitReady waits for the operator's readiness probe, or for ctx (which
-// launchOperator cancels when the operator exits).
+// waitReady waits until the operator's readiness probe passes and its own
+// metrics are served on the metrics port, or for ctx (which launchOperator
+// cancels when the operator exits). The metrics check matters: the webhook
+// server can be ready a moment before a taken metrics port stops the
+// operator, and another process on that port answers, if at all, without
+// fencekeeper's metrics.
 func (s *subprocess) waitReady(ctx context.Context, probeAddr string) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if _, err := httpGet(ctx, "http://"+probeAddr+"/readyz"); err == nil {
+		if s.answers(ctx, "http://"+probeAddr+"/readyz", "") && s.answers(ctx, "http://"+s.metricsAddr+"/metrics", "fencekeeper_build_info") {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("the operator exited while starting, or the bench was stopped: %w", ctx.Err())
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the operator's readiness probe on %s did not pass within 60 s", probeAddr)
+			return fmt.Errorf("the operator's readiness probe on %s or its metrics on %s did not answer within 60 s", probeAddr, s.metricsAddr)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// answers reports whether url answers 200 within a second, with want in its body.
+func (s *subprocess) answers(ctx context.Context, url, want string) bool {
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	body, err := httpGet(rctx, url)
+	return err == nil && strings.Contains(body, want)
 }
 
 func (s *subprocess) Describe() string {
