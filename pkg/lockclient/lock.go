@@ -308,14 +308,13 @@ func acquired(lg *locksv1.LockGrant) (bool, error) {
 
 // keep renews the lease and follows the LockGrant until the lock ends.
 func (l *Lock) keep(ctx context.Context) {
-	updates := l.updates
 	ticker := time.NewTicker(l.opts.RenewInterval)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case lg := <-updates:
+		case lg := <-l.updates:
 			l.observe(lg)
 		case <-ticker.C:
 			l.renewOrQuery(ctx)

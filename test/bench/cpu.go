@@ -34,20 +34,28 @@ func sampleCPU() cpuSample {
 	return s
 }
 
+// procStat reads /proc/<pid>/stat: the command name, and the fields after
+// it (state, ppid, pgrp, session, tty, tpgid, flags, minflt, cminflt,
+// majflt, cmajflt, utime, stime, ...).
+func procStat(pid int) (string, []string, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", nil, err
+	}
+	s := string(stat)
+	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || closing < open {
+		return "", nil, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	return s[open+1 : closing], strings.Fields(s[closing+1:]), nil
+}
+
 // procCPU is utime+stime of pid, in seconds.
 func procCPU(pid int) (float64, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	_, f, err := procStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	s := string(stat)
-	closing := strings.LastIndexByte(s, ')')
-	if closing < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	// After "pid (comm)": state ppid pgrp session tty tpgid flags minflt
-	// cminflt majflt cmajflt utime stime ...
-	f := strings.Fields(s[closing+1:])
 	if len(f) < 13 {
 		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
 	}

@@ -505,24 +505,14 @@ func children() map[int]string {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
+		comm, fields, err := procStat(pid)
+		if err != nil || len(fields) < 2 {
 			continue
 		}
-		// pid (comm) state ppid ...
-		s := string(stat)
-		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || closing < 0 {
+		if ppid, _ := strconv.Atoi(fields[1]); ppid != self {
 			continue
 		}
-		rest := strings.Fields(s[closing+1:])
-		if len(rest) < 2 {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(rest[1]); ppid != self {
-			continue
-		}
-		out[pid] = s[open+1 : closing]
+		out[pid] = comm
 	}
 	return out
 }
