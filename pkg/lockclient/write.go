@@ -268,7 +268,12 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 			return false, fence.Receipt{}, nil
 		}
 	}
-	op.recordUnresolved(ctx, obj, want)
+	if rerr := op.recordUnresolved(ctx, obj, want); rerr != nil {
+		// Found by make chaos: under a partition the record fails too, and
+		// the caller must know nobody else will reconcile this write.
+		return false, fence.Receipt{}, fmt.Errorf("%w: %s segment %d under fence %d (not recorded on LockGrant %s: %v; resolve it later with Operation.Applied)",
+			ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name, rerr)
+	}
 	return false, fence.Receipt{}, fmt.Errorf("%w: %s segment %d under fence %d (recorded on LockGrant %s for reconciliation)",
 		ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name)
 }
@@ -337,28 +342,30 @@ func ResolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fen
 	}
 }
 
-func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) {
+func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) error {
 	l := op.lock
 	rec, _ := json.Marshal(locksv1.UnresolvedMutation{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
 		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()})
 	// The issuer's status writes and this lock's renewals race with it, so
 	// conflicts are expected; each is re-read and retried.
+	var err error
 	for attempt := 0; attempt < 10; attempt++ {
 		var lg locksv1.LockGrant
-		if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
-			return
+		if err = l.c.kube.Get(ctx, l.key, &lg); err != nil {
+			return err
 		}
 		if lg.Annotations == nil {
 			lg.Annotations = map[string]string{}
 		}
 		if _, exists := lg.Annotations[locksv1.AnnotationUnresolvedMutation]; exists {
-			return // the oldest unresolved outcome is the one that matters
+			return nil // the oldest unresolved outcome is the one that matters
 		}
 		lg.Annotations[locksv1.AnnotationUnresolvedMutation] = string(rec)
-		if err := l.c.kube.Update(ctx, &lg); !apierrors.IsConflict(err) {
-			return
+		if err = l.c.kube.Update(ctx, &lg); !apierrors.IsConflict(err) {
+			return err
 		}
 	}
+	return err
 }
 
 // read refreshes obj from the API server; false when it does not exist.

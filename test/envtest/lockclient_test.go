@@ -265,6 +265,26 @@ var _ = Describe("the worker client", func() {
 		Expect(t.content()).To(Equal("part 2"))
 	})
 
+	It("says so when a write whose outcome cannot be determined cannot be recorded either", func() {
+		// Found by make chaos: a partition that hides the object also hides
+		// the LockGrant; the error said "recorded" although nothing was.
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		op := l.Operation("settle-2026-07-19")
+		cm := configMapNamed(ns, "batch")
+		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 1"))
+		Expect(err).NotTo(HaveOccurred())
+		f.add(&fault{method: http.MethodPut, path: "/configmaps/", dropResponse: true, times: 1})
+		f.add(&fault{method: http.MethodGet, path: "/configmaps/", skip: 1, times: -1})
+		f.add(&fault{method: http.MethodGet, path: "/lockgrants/", times: -1})
+		_, err = op.Commit(suiteCtx, cm, setData(cm, "part 2"))
+		Expect(err).To(MatchError(lockclient.ErrMutationUnknown))
+		Expect(err.Error()).To(ContainSubstring("not recorded on LockGrant"))
+		f.heal()
+		Expect(getGrant(ns, l.Name()).Annotations).NotTo(HaveKey(locksv1.AnnotationUnresolvedMutation))
+	})
+
 	It("records a write whose outcome cannot be determined, and the operator surfaces it after 15 minutes", func() {
 		// The record is stamped with the worker's clock; other specs jump the
 		// issuer's clock, so line it up with real time first.
