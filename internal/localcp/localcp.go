@@ -155,12 +155,30 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := Install(ctx, admin, cp.root, cp.opts.ProtectedKinds); err != nil {
+		return err
+	}
+	user, err := cp.AddUser(locksv1.OperatorUsername(locksv1.DefaultNamespace))
+	if err != nil {
+		return err
+	}
+	cp.Operator = rest.CopyConfig(user.Config())
+	cp.Operator.QPS, cp.Operator.Burst = 500, 1000
+	return nil
+}
+
+// Install creates, with a cluster-admin client, what an installation adds
+// besides the CRDs: the operator namespace, the generated RBAC bound to the
+// operator user, and the requester and protected-object-writer roles bound
+// to WorkersGroup (kinds: the protected custom kinds). test/chaos installs
+// its replicated control plane with it too.
+func Install(ctx context.Context, admin client.Client, root string, kinds []schema.GroupVersionResource) error {
 	ns := locksv1.DefaultNamespace
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
 	// The operator runs with exactly the generated RBAC (config/rbac/role.yaml),
 	// which proves it sufficient; workers get the requester role.
-	generated, err := LoadObjects(cp.Scheme, filepath.Join(cp.root, "config", "rbac", "role.yaml"), filepath.Join(cp.root, "config", "rbac", "lockgrant_requester_role.yaml"),
-		filepath.Join(cp.root, "config", "rbac", "leader_election_role.yaml"))
+	generated, err := LoadObjects(locksv1.Scheme, filepath.Join(root, "config", "rbac", "role.yaml"), filepath.Join(root, "config", "rbac", "lockgrant_requester_role.yaml"),
+		filepath.Join(root, "config", "rbac", "leader_election_role.yaml"))
 	if err != nil {
 		return err
 	}
@@ -170,7 +188,7 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	writeVerbs := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
 	writer := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: writeVerbs}}
 	var reader []rbacv1.PolicyRule
-	for _, k := range cp.opts.ProtectedKinds {
+	for _, k := range kinds {
 		writer = append(writer, rbacv1.PolicyRule{APIGroups: []string{k.Group}, Resources: []string{k.Resource, k.Resource + "/scale", k.Resource + "/status"}, Verbs: writeVerbs})
 		reader = append(reader, rbacv1.PolicyRule{APIGroups: []string{k.Group}, Resources: []string{k.Resource}, Verbs: []string{"get"}})
 	}
@@ -191,12 +209,6 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 			return fmt.Errorf("install %T %s: %w", obj, obj.GetName(), err)
 		}
 	}
-	user, err := cp.AddUser(locksv1.OperatorUsername(locksv1.DefaultNamespace))
-	if err != nil {
-		return err
-	}
-	cp.Operator = rest.CopyConfig(user.Config())
-	cp.Operator.QPS, cp.Operator.Burst = 500, 1000
 	return nil
 }
 
@@ -213,7 +225,12 @@ func binding(kind, role, ns string, subject rbacv1.Subject) client.Object {
 // config/default names them, with the protected-object webhook extended to
 // the configured custom kinds (as an installation adds its own kinds).
 func (cp *ControlPlane) WebhookConfigurations() ([]*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	objs, err := LoadObjects(cp.Scheme, filepath.Join(cp.root, "config", "webhook", "manifests.yaml"))
+	return WebhookConfigurations(cp.root, cp.opts.ProtectedKinds)
+}
+
+// WebhookConfigurations reads root's generated webhook manifests, extended to kinds.
+func WebhookConfigurations(root string, kinds []schema.GroupVersionResource) ([]*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	objs, err := LoadObjects(locksv1.Scheme, filepath.Join(root, "config", "webhook", "manifests.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +245,7 @@ func (cp *ControlPlane) WebhookConfigurations() ([]*admissionregistrationv1.Vali
 			if name := cfg.Webhooks[i].Name; name != ProtectedWebhook && name != EnrolledWebhook {
 				continue
 			}
-			for _, k := range cp.opts.ProtectedKinds {
+			for _, k := range kinds {
 				// The kind and every subresource: /scale changes content too.
 				rule := cfg.Webhooks[i].Rules[0].DeepCopy()
 				rule.APIGroups, rule.APIVersions, rule.Resources = []string{k.Group}, []string{k.Version}, []string{k.Resource, k.Resource + "/*"}
@@ -256,6 +273,12 @@ func (cp *ControlPlane) InstallWebhooks(ctx context.Context, host string, port i
 	if err != nil {
 		return err
 	}
+	return InstallWebhooks(ctx, admin, cfgs, host, port)
+}
+
+// InstallWebhooks installs cfgs with every webhook pointed at
+// https://host:port (see ControlPlane.InstallWebhooks).
+func InstallWebhooks(ctx context.Context, admin client.Client, cfgs []*admissionregistrationv1.ValidatingWebhookConfiguration, host string, port int) error {
 	for _, cfg := range cfgs {
 		for i := range cfg.Webhooks {
 			cc := &cfg.Webhooks[i].ClientConfig

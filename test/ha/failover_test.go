@@ -16,6 +16,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/test/internal/front"
 )
 
 const workers = 4
@@ -52,12 +53,12 @@ func TestFailover(t *testing.T) {
 			logTail(t, b.logPath)
 		}
 	}()
-	fe, err := newFront([]string{a.addr(), b.addr()})
+	fe, err := front.Listen("127.0.0.1:0", []string{a.addr(), b.addr()}, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fe.close()
-	if err := cp.InstallWebhooks(ctx, "127.0.0.1", fe.port()); err != nil {
+	defer fe.Close()
+	if err := cp.InstallWebhooks(ctx, "127.0.0.1", fe.Port()); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.start(); err != nil {
@@ -131,7 +132,7 @@ func TestFailover(t *testing.T) {
 	t.Logf("  new leader elected %v after the kill (lease expiry)", takeover.Sub(killLeader).Round(time.Millisecond))
 	report(t, tr, "webhook-only replica killed (SIGKILL)", killWebhook)
 	t.Logf("front end: %d connections skipped a dead backend; stale writes denied %d/%d, unfenced denied %d/%d (the rest: webhook unreachable, also refused)",
-		fe.skipped.Load(), tr.stale[1], tr.stale[0], tr.unfenced[1], tr.unfenced[0])
+		fe.Skipped(), tr.stale[1], tr.stale[0], tr.unfenced[1], tr.unfenced[0])
 	tr.mu.Lock()
 }
 

@@ -1,3 +1,7 @@
+// Package ha proves high availability against the embedded control plane:
+// two manager processes behind a round-robin TCP front end (test/internal/front,
+// standing in for the webhook Service), one killed at a time in the middle of
+// fenced traffic.
 package ha
 
 import (
