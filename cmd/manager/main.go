@@ -49,6 +49,7 @@ func main() {
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	applyChaosFlags(&o)
 	if showVersion {
 		fmt.Println("manager", version.String())
 		return
@@ -78,6 +79,10 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// applyChaosFlags applies the fault-injection flags of a binary built with
+// -tags chaos (chaos.go, for test/chaos only); a release binary has none.
+var applyChaosFlags = func(*operator.Options) {}
 
 // goMemLimit is the Go heap limit for a container memory limit: ratio of it,
 // leaving headroom below the OOM kill for stacks and non-Go memory. It is 0

@@ -74,6 +74,11 @@ type Options struct {
 	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
 	// ProtectedKinds are the declared protected kinds (--protected-kinds).
 	ProtectedKinds []schema.GroupVersionResource
+	// RegistryReadFromCache breaks a safety rule on purpose: the acceptance
+	// webhook reads the registry from the informer cache instead of the API
+	// server. Only test/chaos sets it (cmd/manager built with -tags chaos),
+	// to show that its checker finds the stale writes this lets through.
+	RegistryReadFromCache bool
 }
 
 // The metrics endpoint's authentication and authorization filter.
@@ -143,8 +148,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err := webhooks.SetupFencedResourceWebhook(mgr, o.WebhookConfiguration); err != nil {
 		return fmt.Errorf("FencedResource webhook: %w", err)
 	}
-	if _, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock); err != nil {
+	protected, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock)
+	if err != nil {
 		return fmt.Errorf("protected-object webhook: %w", err)
+	}
+	if o.RegistryReadFromCache {
+		protected.Reader = mgr.GetClient()
 	}
 	var caBundle func() []byte
 	if rotator != nil {
