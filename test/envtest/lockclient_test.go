@@ -139,6 +139,23 @@ var _ = Describe("the worker client", func() {
 		return l
 	}
 
+	// undeterminableSecondSegment holds "batch" as worker-a, commits segment
+	// 1, and arms the faults that make segment 2 undeterminable: it lands but
+	// its answer is lost, and the object cannot be read back (after the
+	// commit's own read).
+	undeterminableSecondSegment := func() (*faults, *lockclient.Lock, *lockclient.Operation, *corev1.ConfigMap) {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, f := faultyWorker(ns, "worker-a")
+		l := acquire(c, "batch", "job-1", &stateLog{})
+		op := l.Operation("settle-2026-07-19")
+		cm := configMapNamed(ns, "batch")
+		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 1"))
+		Expect(err).NotTo(HaveOccurred())
+		f.add(&fault{method: http.MethodPut, path: "/configmaps/", dropResponse: true, times: 1})
+		f.add(&fault{method: http.MethodGet, path: "/configmaps/", skip: 1, times: -1})
+		return f, l, op, cm
+	}
+
 	It("recovers a lost acquire response by requestID, with one identity", func() {
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		c, f := faultyWorker(ns, "worker-a")
@@ -268,17 +285,9 @@ var _ = Describe("the worker client", func() {
 	It("says so when a write whose outcome cannot be determined cannot be recorded either", func() {
 		// Found by make chaos: a partition that hides the object also hides
 		// the LockGrant; the error said "recorded" although nothing was.
-		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
-		c, f := faultyWorker(ns, "worker-a")
-		l := acquire(c, "batch", "job-1", &stateLog{})
-		op := l.Operation("settle-2026-07-19")
-		cm := configMapNamed(ns, "batch")
-		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 1"))
-		Expect(err).NotTo(HaveOccurred())
-		f.add(&fault{method: http.MethodPut, path: "/configmaps/", dropResponse: true, times: 1})
-		f.add(&fault{method: http.MethodGet, path: "/configmaps/", skip: 1, times: -1})
+		f, l, op, cm := undeterminableSecondSegment()
 		f.add(&fault{method: http.MethodGet, path: "/lockgrants/", times: -1})
-		_, err = op.Commit(suiteCtx, cm, setData(cm, "part 2"))
+		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 2"))
 		Expect(err).To(MatchError(lockclient.ErrMutationUnknown))
 		Expect(err.Error()).To(ContainSubstring("not recorded on LockGrant"))
 		f.heal()
@@ -289,18 +298,8 @@ var _ = Describe("the worker client", func() {
 		// The record is stamped with the worker's clock; other specs jump the
 		// issuer's clock, so line it up with real time first.
 		issuerClock.SetTime(time.Now())
-		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
-		c, f := faultyWorker(ns, "worker-a")
-		l := acquire(c, "batch", "job-1", &stateLog{})
-		op := l.Operation("settle-2026-07-19")
-		cm := configMapNamed(ns, "batch")
-		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 1"))
-		Expect(err).NotTo(HaveOccurred())
-		// Segment 2 lands but its answer is lost, and the object cannot be read
-		// back (after the commit's own read): the outcome is undeterminable.
-		f.add(&fault{method: http.MethodPut, path: "/configmaps/", dropResponse: true, times: 1})
-		f.add(&fault{method: http.MethodGet, path: "/configmaps/", skip: 1, times: -1})
-		_, err = op.Commit(suiteCtx, cm, setData(cm, "part 2"))
+		f, l, op, cm := undeterminableSecondSegment()
+		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 2"))
 		Expect(err).To(MatchError(lockclient.ErrMutationUnknown))
 		f.heal()
 		var rec locksv1.UnresolvedMutation
