@@ -172,6 +172,10 @@ dev: control-plane ## Embedded control plane + operator (self-signed webhook cer
 gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n replays one with its trace; BASE_SEED=n, SCHEDULES=n).
 	go run ./test/sim/cmd/gates -schedules=$(or $(SCHEDULES),100000) $(if $(BASE_SEED),-base-seed=$(BASE_SEED)) $(if $(SEED),-seed=$(SEED))
 
+.PHONY: chaos
+chaos: control-plane ## Fault schedules on a replicated control plane (3 etcd, 2 apiservers, 2 operators, own netns each; needs root): SEED=n replays one, CHAOS_SCHEDULES=n runs more, BROKEN=cached-registry-read.
+	go run ./test/chaos/cmd/chaos -schedules=$(or $(CHAOS_SCHEDULES),$(if $(SEED),1,6)) $(if $(SEED),-seed=$(SEED)) $(if $(BROKEN),-broken=$(BROKEN))
+
 .PHONY: bench
 bench: control-plane ## Benchmarks vs raw baselines in one run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL, writes bin/bench/results.json (BENCH_FLAGS=-quick for a smoke run).
 	go run ./test/bench $(BENCH_FLAGS)

@@ -1,0 +1,390 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/fencectl"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// Event is one line of a worker's log: what it sent and what came back, in
+// wall-clock nanoseconds (all processes share the host's clock). The checker
+// pairs "call" and "return" lines by ID; a call without a return (the worker
+// was killed) is an unknown outcome.
+type Event struct {
+	ID       string `json:"id"`
+	Worker   string `json:"w"`
+	Kind     string `json:"k"` // acquire, call, return, read, resolve, stale, replay
+	Resource string `json:"res,omitempty"`
+	Object   string `json:"obj,omitempty"` // Kind/name
+	// The write's register value: grant (its requestID), fence, segment.
+	RequestID string `json:"req,omitempty"`
+	Fence     int64  `json:"fence,omitempty"`
+	Segment   int64  `json:"seg,omitempty"`
+	At        int64  `json:"at"`
+	// Outcome: ok, denied, rejected (definitively refused), unknown; for
+	// resolve: applied, absent, unresolved; for read: ok or absent.
+	Outcome string `json:"out,omitempty"`
+	Detail  string `json:"detail,omitempty"`
+	// Sent: when an adversary write left (At is when its answer came).
+	Sent int64 `json:"sent,omitempty"`
+}
+
+// eventLog appends events to a file, one write per line (nothing buffered:
+// a SIGKILL loses no answered event).
+type eventLog struct {
+	mu sync.Mutex
+	f  *os.File
+	w  string
+	n  int
+}
+
+func (l *eventLog) emit(e Event) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e.ID == "" {
+		l.n++
+		e.ID = fmt.Sprintf("%s/%d/%d", l.w, os.Getpid(), l.n)
+	}
+	e.Worker, e.At = l.w, time.Now().UnixNano()
+	b, _ := json.Marshal(e)
+	_, _ = l.f.Write(append(b, '\n'))
+	return e.ID
+}
+
+// WorkerOptions configure one worker process.
+type WorkerOptions struct {
+	Name, Kubeconfig, Namespace, Events string
+	Resources                           []string // FencedResource names; "wd-*" protect Widgets, the rest ConfigMaps
+	Seed                                uint64
+	Adversary                           bool
+}
+
+// RunWorker claims resources with pkg/lockclient exactly as users do, and
+// writes segmented operations, until stop ends; it then finishes the claim
+// in hand (and resolves what it left unknown) before returning, as a worker
+// shutting down gracefully does. The adversary also writes
+// with its own released grants and replays envelopes it saw, after a newer
+// fence wrote the object: every such write must be denied.
+func RunWorker(stop context.Context, o WorkerOptions) error {
+	// Claims run on their own deadlines, not on stop: a stop must not turn
+	// a write in flight into an unknown outcome.
+	ctx := context.Background()
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.Timeout = 10 * time.Second
+	f, err := os.OpenFile(o.Events, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := &worker{o: o, log: &eventLog{f: f, w: o.Name}, rnd: rand.New(rand.NewPCG(o.Seed, uint64(os.Getpid())))}
+	for stop.Err() == nil {
+		if w.lc, err = lockclient.NewForConfig(stop, cfg, o.Namespace); err == nil {
+			break
+		}
+		sleep(stop, 500*time.Millisecond) // the API server may be cut off
+	}
+	if stop.Err() != nil {
+		return nil
+	}
+	if w.kube, err = client.New(cfg, client.Options{Scheme: locksv1.Scheme}); err != nil {
+		return err
+	}
+	for iter := 0; stop.Err() == nil; iter++ {
+		w.claim(ctx, iter)
+	}
+	return nil
+}
+
+type worker struct {
+	o    WorkerOptions
+	log  *eventLog
+	rnd  *rand.Rand
+	lc   *lockclient.Client
+	kube client.Client
+	// The adversary's material: its ended grants and envelopes it read.
+	oldGrants    []oldGrant
+	oldEnvelopes []oldEnvelope
+}
+
+type oldGrant struct {
+	lg  locksv1.LockGrant
+	res string
+}
+
+type oldEnvelope struct {
+	annotation string
+	fence      int64
+	res        string
+}
+
+func isWidget(res string) bool { return strings.HasPrefix(res, "wd-") }
+
+// object is an empty protected object of resource res.
+func object(res string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	if isWidget(res) {
+		u.SetAPIVersion("example.com/v1")
+		u.SetKind("Widget")
+	} else {
+		u.SetAPIVersion("v1")
+		u.SetKind("ConfigMap")
+	}
+	u.SetName(res)
+	return u
+}
+
+func setValue(u *unstructured.Unstructured, key, val string) error {
+	if u.GetKind() == "Widget" {
+		return unstructured.SetNestedField(u.Object, val, "spec", "data", key)
+	}
+	return unstructured.SetNestedField(u.Object, val, "data", key)
+}
+
+// claim is one acquire, 1-3 segments, a read, maybe adversary writes, release.
+func (w *worker) claim(ctx context.Context, iter int) {
+	res := w.o.Resources[w.rnd.IntN(len(w.o.Resources))]
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	reqID := fmt.Sprintf("%s-%d-%d", w.o.Name, iter, time.Now().UnixNano()%1_000_000)
+	lock, err := w.lc.Acquire(actx, res, lockclient.AcquireOptions{RequestID: reqID})
+	if err != nil {
+		w.log.emit(Event{Kind: "acquire", Resource: res, RequestID: reqID, Outcome: "failed", Detail: err.Error()})
+		sleep(ctx, 200*time.Millisecond)
+		return
+	}
+	defer lock.Orphan() // a lock whose release failed is left to expire
+	w.log.emit(Event{Kind: "acquire", Resource: res, RequestID: reqID, Fence: lock.Fence(), Outcome: "ok", Detail: lock.Name()})
+	op := lock.Operation(fmt.Sprintf("op-%d", iter))
+	segments := 1 + w.rnd.IntN(3)
+	var acked int64
+	for seg := 1; seg <= segments; seg++ {
+		if !w.write(actx, lock, op, res, reqID, acked+1, fmt.Sprintf("%s-%d-%d", w.o.Name, iter, seg)) {
+			break
+		}
+		acked++
+	}
+	w.read(actx, res)
+	if w.o.Adversary {
+		w.attack(actx)
+	}
+	// Hold a moment; now and then longer than a renewal period.
+	sleep(ctx, time.Duration(w.rnd.IntN(400))*time.Millisecond)
+	_ = lock.Release(actx)
+	if w.o.Adversary && acked > 0 {
+		w.oldGrants = append(w.oldGrants, oldGrant{lg: *lock.LockGrant(), res: res})
+		// Strike while the grant is freshest: once the next holder wrote,
+		// a webhook with a stale view of the registry would still take it.
+		sleep(ctx, 300*time.Millisecond)
+		w.attack(actx)
+	}
+}
+
+// write commits one segment; true if acknowledged.
+func (w *worker) write(ctx context.Context, lock *lockclient.Lock, op *lockclient.Operation, res, reqID string, seg int64, key string) bool {
+	obj := object(res)
+	obj.SetNamespace(w.o.Namespace)
+	kind := obj.GetKind()
+	id := w.log.emit(Event{Kind: "call", Resource: res, Object: kind + "/" + res, RequestID: reqID, Fence: lock.Fence(), Segment: seg})
+	rcpt, err := op.Commit(ctx, obj, func() error { return setValue(obj, key, reqID) })
+	ret := Event{ID: id, Kind: "return", Resource: res, Object: kind + "/" + res, RequestID: reqID, Fence: lock.Fence(), Segment: seg}
+	switch d, denied := lockclient.AsDenial(err); {
+	case err == nil:
+		ret.Outcome, ret.Fence, ret.Segment = "ok", rcpt.Fence, rcpt.Segment
+	case denied:
+		ret.Outcome, ret.Detail = "denied", string(d.Verdict)
+	case definitivelyRefused(err):
+		ret.Outcome, ret.Detail = "rejected", err.Error()
+	default:
+		ret.Outcome, ret.Detail = "unknown", err.Error()
+	}
+	w.log.emit(ret)
+	if ret.Outcome == "unknown" {
+		w.resolve(res, id, op.ID(), lock.Fence(), seg)
+	}
+	return err == nil
+}
+
+// definitivelyRefused: the API server answered that nothing was written.
+func definitivelyRefused(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	code := status.Status().Code
+	return code >= 400 && code < 500 && code != 408 && code != 429
+}
+
+// resolve decides an unknown write (segment seg of operation opID under
+// fence f) from the object's fence state and receipt log, as
+// lockclient.ResolveFromLog does, for up to 30 s (the partition may last).
+// Unresolved is left to the escalation the lock client recorded on the
+// LockGrant.
+func (w *worker) resolve(res, id, opID string, f, seg int64) {
+	deadline := time.Now().Add(30 * time.Second)
+	ctx := context.Background() // outlives the claim's deadline, bounded here
+	want := fence.Receipt{Fence: f, Segment: seg, Operation: opID}
+	for time.Now().Before(deadline) {
+		obj := object(res)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := w.kube.Get(rctx, client.ObjectKey{Namespace: w.o.Namespace, Name: res}, obj)
+		cancel()
+		if err == nil || apierrors.IsNotFound(err) {
+			ann := obj.GetAnnotations()
+			st, serr := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+			out := "unresolved"
+			if serr == nil {
+				switch r, _ := lockclient.ResolveFromLog(st, want); r {
+				case lockclient.Applied, lockclient.AppliedOtherPayload: // the payload is the client's digest; (fence, segment, operation) name the write
+					out = "applied"
+				case lockclient.ProvenAbsent:
+					out = "absent"
+				}
+			}
+			w.log.emit(Event{ID: id + "/resolve", Kind: "resolve", Resource: res, Outcome: out, Detail: id})
+			return
+		}
+		sleep(ctx, 500*time.Millisecond)
+	}
+	w.log.emit(Event{ID: id + "/resolve", Kind: "resolve", Resource: res, Outcome: "unresolved", Detail: id})
+}
+
+// read is a linearizable GET of the object: the register value it holds.
+func (w *worker) read(ctx context.Context, res string) {
+	obj := object(res)
+	id := w.log.emit(Event{Kind: "call", Resource: res, Object: obj.GetKind() + "/" + res, Detail: "read"})
+	err := w.kube.Get(ctx, client.ObjectKey{Namespace: w.o.Namespace, Name: res}, obj)
+	ret := Event{ID: id, Kind: "read", Resource: res, Object: obj.GetKind() + "/" + res}
+	switch {
+	case apierrors.IsNotFound(err):
+		ret.Outcome = "absent"
+	case err != nil:
+		ret.Outcome = "unknown" // a read that failed says nothing
+	default:
+		ret.Outcome = "ok"
+		ann := obj.GetAnnotations()[fence.AnnotationFence]
+		if e, ok := parseEnvelope(ann); ok {
+			ret.RequestID, ret.Fence, ret.Segment = e.Grant.RequestID, e.Grant.FenceToken, e.Segment
+			if w.o.Adversary {
+				w.oldEnvelopes = append(w.oldEnvelopes, oldEnvelope{annotation: ann, fence: e.Grant.FenceToken, res: res})
+			}
+		}
+	}
+	w.log.emit(ret)
+}
+
+// attack writes with an ended grant of its own, and replays an envelope it
+// read, each as soon as the registry (a linearizable GET) shows a higher
+// fence issued for the resource: from then on the write is stale by any
+// definition, even before the new holder has written the object.
+func (w *worker) attack(ctx context.Context) {
+	if len(w.oldGrants) > 0 {
+		g := w.oldGrants[len(w.oldGrants)-1]
+		if w.rnd.IntN(2) == 0 {
+			g = w.oldGrants[w.rnd.IntN(len(w.oldGrants))]
+		}
+		if g.lg.Status.Grant != nil && w.waitSuperseded(ctx, g.res, g.lg.Status.Grant.FenceToken) {
+			obj := object(g.res)
+			obj.SetNamespace(w.o.Namespace)
+			sent := time.Now().UnixNano()
+			rcpt, err := fencectl.WriteUnguarded(ctx, w.kube, &g.lg, obj, "stale", "", func() error { return setValue(obj, "stale", "must not land") })
+			w.log.emit(Event{Kind: "stale", Resource: g.res, RequestID: g.lg.Spec.RequestID, Fence: g.lg.Status.Grant.FenceToken, Segment: rcpt.Segment,
+				Sent: sent, Outcome: outcome(err), Detail: errText(err)})
+		}
+	}
+	if len(w.oldEnvelopes) > 0 {
+		e := w.oldEnvelopes[w.rnd.IntN(len(w.oldEnvelopes))]
+		if !w.waitSuperseded(ctx, e.res, e.fence) {
+			return
+		}
+		obj := object(e.res)
+		if err := w.kube.Get(ctx, client.ObjectKey{Namespace: w.o.Namespace, Name: e.res}, obj); err != nil {
+			return
+		}
+		ann := obj.GetAnnotations()
+		ann[fence.AnnotationFence] = e.annotation
+		obj.SetAnnotations(ann)
+		_ = setValue(obj, "replayed", "must not land")
+		err := w.kube.Update(ctx, obj)
+		w.log.emit(Event{Kind: "replay", Resource: e.res, Fence: e.fence, Outcome: outcome(err), Detail: errText(err)})
+	}
+}
+
+// waitSuperseded polls the registry for up to a second until it shows a
+// fence above f issued for res.
+func (w *worker) waitSuperseded(ctx context.Context, res string, f int64) bool {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		var fr locksv1.FencedResource
+		if err := w.kube.Get(ctx, client.ObjectKey{Namespace: w.o.Namespace, Name: res}, &fr); err == nil && fr.Status.FenceToken > f {
+			return true
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return false
+}
+
+func outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	if _, denied := lockclient.AsDenial(err); denied {
+		return "denied"
+	}
+	if definitivelyRefused(err) {
+		return "rejected"
+	}
+	return "unknown"
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// envelope is the part of the fence annotation the checker reads, decoded
+// here rather than with pkg/fence so that the checker does not trust the
+// code it checks.
+type envelope struct {
+	Grant struct {
+		Resource   string `json:"resource"`
+		RequestID  string `json:"requestID"`
+		FenceToken int64  `json:"fenceToken"`
+	} `json:"grant"`
+	Segment int64  `json:"segment"`
+	Intent  string `json:"intent"`
+}
+
+func parseEnvelope(s string) (envelope, bool) {
+	var e envelope
+	if s == "" || json.Unmarshal([]byte(s), &e) != nil || e.Grant.FenceToken == 0 {
+		return envelope{}, false
+	}
+	return e, true
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
