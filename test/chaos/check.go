@@ -257,15 +257,13 @@ func (r *scheduleResult) checkWatches(objects map[string][]version, obs *observe
 }
 
 // trace keeps what surrounds a violation, the cut-down trace: the
-// object's revisions near it and, when the write's send time is known, every
+// object's three revisions before it and two after, and, when the write's send time is known, every
 // client event on the resource within a second of it.
 func (r *scheduleResult) trace(res string, rev int64, vs []version, sent int64) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "trace of %s around etcd revision %d:\n", res, rev)
-	for _, v := range vs {
-		if v.rev < rev-50 || v.rev > rev+50 {
-			continue
-		}
+	at := sort.Search(len(vs), func(i int) bool { return vs[i].rev >= rev })
+	for _, v := range vs[max(0, at-3):min(len(vs), at+3)] {
 		e, _ := parseEnvelope(v.annotations[fence.AnnotationFence])
 		fmt.Fprintf(&b, "  etcd @%d  fence %d segment %d grant %s deleted=%t\n", v.rev, e.Grant.FenceToken, e.Segment, e.Grant.RequestID, v.deleted)
 	}

@@ -3,6 +3,7 @@ package chaos
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,6 +172,25 @@ func TestCheckWatches(t *testing.T) {
 		r.checkWatches(objects, obs)
 		if got := len(r.violations[vWatch]) > 0; got != tc.bad {
 			t.Errorf("%s: violation %t, want %t: %v", tc.name, got, tc.bad, r.violations)
+		}
+	}
+}
+
+// A violation comes with its cut-down trace: the revisions around it and
+// the client events within a second of the write.
+func TestTraceOfAViolation(t *testing.T) {
+	issued := map[string]map[int64]string{"cm-0": {1: "a", 2: "b"}}
+	obs := newObserver(nil, "ns")
+	vs := []version{{rev: 10, annotations: ann("a", 1, 1)}, {rev: 20, annotations: ann("b", 2, 1)}, {rev: 30, annotations: ann("a", 1, 2)}, {rev: 40, annotations: ann("b", 2, 2)}}
+	r := newResult()
+	r.events = []Event{{Worker: "worker-1", Kind: "call", Resource: "cm-0", At: 5}}
+	r.checkObjects(map[string][]version{"cm-0": vs}, issued, nil, obs)
+	if len(r.traces) == 0 {
+		t.Fatal("no trace for a write out of order")
+	}
+	for _, want := range []string{"etcd @10", "etcd @20", "etcd @30", "etcd @40"} {
+		if !strings.Contains(r.traces[0], want) {
+			t.Errorf("the trace lacks %q:\n%s", want, r.traces[0])
 		}
 	}
 }
