@@ -77,6 +77,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		s.print(cfg.Out)
 		report.add(s)
 	}
+	if ctx.Err() != nil {
+		// An interrupted run is not a passing one, whatever it saw so far.
+		return report, fmt.Errorf("interrupted after %d of %d schedules: %w", report.Schedules, cfg.Schedules, ctx.Err())
+	}
 	report.print(cfg.Out)
 	return report, nil
 }

@@ -186,7 +186,7 @@ func (w *worker) claim(ctx context.Context, iter int) {
 	if w.o.Adversary {
 		w.attack(actx)
 	}
-	// Hold a moment; now and then longer than a renewal period.
+	// Hold a moment (up to 400 ms) before releasing.
 	sleep(ctx, time.Duration(w.rnd.IntN(400))*time.Millisecond)
 	_ = lock.Release(actx)
 	if w.o.Adversary && acked > 0 {
