@@ -33,8 +33,11 @@
 // deterministically from the requestID — never by creating a second identity.
 // A write whose outcome is unknown is resolved from the object's receipt log
 // by operation and segment: applied (reuse the receipt), proven absent (retry
-// under the current fence), or undeterminable (ErrMutationUnknown; the
-// operator surfaces it as ReconciliationRequired).
+// under the current fence), or undeterminable (ErrMutationUnknown, also when
+// ctx ends first; the outcome is recorded on the LockGrant, retried for up to
+// 30 s while the API server is unreachable, and the operator surfaces it as
+// ReconciliationRequired). Any other error from a commit means nothing was
+// written.
 //
 // Deleting a protected object is a fenced step too (Operation.Delete): the
 // webhook lets the owner of the current grant delete only after that grant

@@ -39,8 +39,12 @@ func (op *Operation) ID() string { return op.id }
 // the object's receipt log, so a restarted worker resumes where it stopped.
 //
 // ALREADY_APPLIED is success (the original receipt is returned). A write with
-// no answer is resolved from the receipt log; if that cannot tell, the result
-// is ErrMutationUnknown. Denials are *DenialError (errors.Is ErrStaleOwner, …).
+// no answer is resolved from the receipt log; if that cannot tell (or ctx
+// ends first), the result is ErrMutationUnknown, after the outcome was
+// recorded on the LockGrant for reconciliation: that record is retried, past
+// ctx, for up to 30 s while the API server cannot be reached, and the error
+// says if it still failed. Any other error means nothing was written.
+// Denials are *DenialError (errors.Is ErrStaleOwner, …).
 func (op *Operation) Commit(ctx context.Context, obj client.Object, mutate func() error) (fence.Receipt, error) {
 	c, err := op.commit(ctx, obj, mutate, "")
 	return c.receipt, err
@@ -241,7 +245,10 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 			}
 		}
 		if serr := sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
-			return false, fence.Receipt{}, serr
+			// The caller's time ran out with the outcome still unknown: it
+			// must not look like an ordinary error (found by make chaos).
+			err = serr
+			break
 		}
 	}
 	if err == nil {
@@ -269,8 +276,8 @@ func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.
 		}
 	}
 	if rerr := op.recordUnresolved(ctx, obj, want); rerr != nil {
-		// Found by make chaos: under a partition the record fails too, and
-		// the caller must know nobody else will reconcile this write.
+		// Found by make chaos: a partition long enough hides the LockGrant
+		// too, and the caller must know nobody else will reconcile this write.
 		return false, fence.Receipt{}, fmt.Errorf("%w: %s segment %d under fence %d (not recorded on LockGrant %s: %v; resolve it later with Operation.Applied)",
 			ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name, rerr)
 	}
@@ -342,30 +349,48 @@ func ResolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fen
 	}
 }
 
+// unresolvedRecordTimeout bounds how long a commit keeps trying to record an
+// undeterminable outcome on its LockGrant when the API server cannot be
+// reached: the record is what makes the operator surface the write for
+// reconciliation, so it outlives the caller's context, but not forever.
+const unresolvedRecordTimeout = 30 * time.Second
+
 func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) error {
-	l := op.lock
 	rec, _ := json.Marshal(locksv1.UnresolvedMutation{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
 		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()})
-	// The issuer's status writes and this lock's renewals race with it, so
-	// conflicts are expected; each is re-read and retried.
-	var err error
-	for attempt := 0; attempt < 10; attempt++ {
-		var lg locksv1.LockGrant
-		if err = l.c.kube.Get(ctx, l.key, &lg); err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unresolvedRecordTimeout)
+	defer cancel()
+	// The issuer's status writes and this lock's renewals race with it
+	// (conflicts), and the partition that made the outcome unknown may still
+	// hide the LockGrant: re-read and retry until it lands or time is up.
+	for attempt := 0; ; attempt++ {
+		err := op.tryRecordUnresolved(ctx, rec)
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) && sleep(ctx, min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)) != nil {
 			return err
 		}
-		if lg.Annotations == nil {
-			lg.Annotations = map[string]string{}
-		}
-		if _, exists := lg.Annotations[locksv1.AnnotationUnresolvedMutation]; exists {
-			return nil // the oldest unresolved outcome is the one that matters
-		}
-		lg.Annotations[locksv1.AnnotationUnresolvedMutation] = string(rec)
-		if err = l.c.kube.Update(ctx, &lg); !apierrors.IsConflict(err) {
+		if ctx.Err() != nil {
 			return err
 		}
 	}
-	return err
+}
+
+func (op *Operation) tryRecordUnresolved(ctx context.Context, rec []byte) error {
+	l := op.lock
+	var lg locksv1.LockGrant
+	if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
+		return err
+	}
+	if lg.Annotations == nil {
+		lg.Annotations = map[string]string{}
+	}
+	if _, exists := lg.Annotations[locksv1.AnnotationUnresolvedMutation]; exists {
+		return nil // the oldest unresolved outcome is the one that matters
+	}
+	lg.Annotations[locksv1.AnnotationUnresolvedMutation] = string(rec)
+	return l.c.kube.Update(ctx, &lg)
 }
 
 // read refreshes obj from the API server; false when it does not exist.

@@ -35,12 +35,33 @@ type fault struct {
 	times        int // how many requests it hits; <0 = until healed
 	skip         int // matching requests let through before it hits
 	delay        time.Duration
+	hits         int // requests it hit so far
 }
 
 func (f *faults) add(r *fault) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rules = append(f.rules, r)
+}
+
+// hitsOn is how many requests the rules for method and path hit so far.
+func (f *faults) hitsOn(method, path string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, r := range f.rules {
+		if r.method == method && r.path == path {
+			n += r.hits
+		}
+	}
+	return n
+}
+
+// stop ends r alone.
+func (f *faults) stop(r *fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r.times = 0
 }
 
 func (f *faults) heal() {
@@ -61,6 +82,7 @@ func (f *faults) match(req *http.Request) *fault {
 			if r.times > 0 {
 				r.times--
 			}
+			r.hits++
 			return r
 		}
 	}
@@ -282,16 +304,40 @@ var _ = Describe("the worker client", func() {
 		Expect(t.content()).To(Equal("part 2"))
 	})
 
-	It("says so when a write whose outcome cannot be determined cannot be recorded either", func() {
-		// Found by make chaos: a partition that hides the object also hides
-		// the LockGrant; the error said "recorded" although nothing was.
+	It("keeps trying to record an undeterminable outcome while the LockGrant cannot be reached", func() {
+		// Found by make chaos: a partition that hides the object hides the
+		// LockGrant too; the record was tried once, failed, and the error
+		// still said "recorded". Now it is retried until the LockGrant answers.
 		f, l, op, cm := undeterminableSecondSegment()
-		f.add(&fault{method: http.MethodGet, path: "/lockgrants/", times: -1})
+		grants := &fault{method: http.MethodGet, path: "/lockgrants/", times: -1}
+		f.add(grants)
+		go func() {
+			defer GinkgoRecover()
+			// Resolution gives up 1 s after its fifth refused read of the
+			// object; the LockGrant stays unreachable 1.5 s past that, so the
+			// first try of the record fails for certain.
+			Eventually(func() int { return f.hitsOn(http.MethodGet, "/configmaps/") }).WithTimeout(20 * time.Second).Should(BeNumerically(">=", 5))
+			time.Sleep(2500 * time.Millisecond)
+			f.stop(grants)
+		}()
 		_, err := op.Commit(suiteCtx, cm, setData(cm, "part 2"))
 		Expect(err).To(MatchError(lockclient.ErrMutationUnknown))
-		Expect(err.Error()).To(ContainSubstring("not recorded on LockGrant"))
+		Expect(err.Error()).To(ContainSubstring("recorded on LockGrant"))
+		Expect(err.Error()).NotTo(ContainSubstring("not recorded"))
 		f.heal()
-		Expect(getGrant(ns, l.Name()).Annotations).NotTo(HaveKey(locksv1.AnnotationUnresolvedMutation))
+		Expect(getGrant(ns, l.Name()).Annotations).To(HaveKey(locksv1.AnnotationUnresolvedMutation))
+	})
+
+	It("reports and records an unknown outcome when the caller's time runs out while resolving it", func() {
+		// Found by make chaos: the context ending during resolution returned
+		// a bare context error, the outcome neither resolved nor recorded.
+		f, l, op, cm := undeterminableSecondSegment()
+		ctx, cancel := context.WithTimeout(suiteCtx, time.Second)
+		defer cancel()
+		_, err := op.Commit(ctx, cm, setData(cm, "part 2"))
+		Expect(err).To(MatchError(lockclient.ErrMutationUnknown))
+		f.heal()
+		Expect(getGrant(ns, l.Name()).Annotations).To(HaveKey(locksv1.AnnotationUnresolvedMutation))
 	})
 
 	It("records a write whose outcome cannot be determined, and the operator surfaces it after 15 minutes", func() {
