@@ -24,7 +24,7 @@ const (
 	vUnissued     = "accepted writes under a grant the registry never issued"
 	vLost         = "lost acknowledged segments"
 	vUnknown      = "UNKNOWN outcomes neither resolved nor escalated"
-	vAbsentLanded = "writes proven absent that landed"
+	vAbsentLanded = "writes proven absent or reported refused that landed"
 	vAdversary    = "adversary writes accepted (stale holder or replay)"
 	vLinear       = "objects whose history is not linearizable"
 	vWatch        = "watch deliveries etcd does not back, or out of order"
@@ -294,8 +294,12 @@ func (r *scheduleResult) checkOutcomes(events []Event, landed map[string]map[str
 		case "return":
 			returns[e.ID] = e
 			r.counts["writes "+e.Outcome]++
-			if e.Outcome == "ok" && !landed[e.Resource][fmt.Sprintf("%s/%d", e.RequestID, e.Segment)] {
+			in := landed[e.Resource][fmt.Sprintf("%s/%d", e.RequestID, e.Segment)]
+			switch {
+			case e.Outcome == "ok" && !in:
 				r.violate(vLost, "%s: acknowledged segment %d of %s (fence %d) is not in its history", e.Resource, e.Segment, e.RequestID, e.Fence)
+			case (e.Outcome == "rejected" || e.Outcome == "denied") && in:
+				r.violate(vAbsentLanded, "%s: segment %d of %s was reported %s and is in the history (%s)", e.Resource, e.Segment, e.RequestID, e.Outcome, e.Detail)
 			}
 		case "stale", "replay":
 			r.counts[e.Kind+" writes tried"]++

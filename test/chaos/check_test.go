@@ -96,10 +96,11 @@ func TestCheckOutcomes(t *testing.T) {
 		{ID: "3", Kind: "return", Resource: "cm-0", RequestID: "b", Segment: 1, Outcome: "unknown"},
 		{ID: "3/resolve", Kind: "resolve", Outcome: "unresolved", Detail: "3"}, // not escalated
 		{Kind: "stale", Resource: "cm-0", Outcome: "ok"},
+		{ID: "4", Kind: "return", Resource: "cm-0", RequestID: "a", Segment: 1, Outcome: "rejected"}, // yet a/1 landed
 	}
 	r := newResult()
 	r.checkOutcomes(events, landed, nil)
-	for _, k := range []string{vLost, vUnknown, vAdversary} {
+	for _, k := range []string{vLost, vUnknown, vAdversary, vAbsentLanded} {
 		if len(r.violations[k]) != 1 {
 			t.Errorf("%s: %v", k, r.violations[k])
 		}

@@ -211,10 +211,12 @@ func (w *worker) write(ctx context.Context, lock *lockclient.Lock, op *lockclien
 		ret.Outcome, ret.Fence, ret.Segment = "ok", rcpt.Fence, rcpt.Segment
 	case denied:
 		ret.Outcome, ret.Detail = "denied", string(d.Verdict)
-	case definitivelyRefused(err):
-		ret.Outcome, ret.Detail = "rejected", err.Error()
-	default:
+	case errors.Is(err, lockclient.ErrMutationUnknown):
 		ret.Outcome, ret.Detail = "unknown", err.Error()
+	default:
+		// The lock client says nothing was written (refused before sending,
+		// or definitively by the API server); the checker holds it to that.
+		ret.Outcome, ret.Detail = "rejected", err.Error()
 	}
 	w.log.emit(ret)
 	if ret.Outcome == "unknown" {
