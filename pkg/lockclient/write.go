@@ -361,17 +361,20 @@ func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, wa
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unresolvedRecordTimeout)
 	defer cancel()
 	// The issuer's status writes and this lock's renewals race with it
-	// (conflicts), and the partition that made the outcome unknown may still
-	// hide the LockGrant: re-read and retry until it lands or time is up.
+	// (conflicts: re-read at once), and the partition that made the outcome
+	// unknown may still hide the LockGrant (back off and retry until time is
+	// up). Any other answer of the API server (forbidden, gone) is final.
 	for attempt := 0; ; attempt++ {
 		err := op.tryRecordUnresolved(ctx, rec)
-		if err == nil {
+		switch {
+		case err == nil:
 			return nil
-		}
-		if !apierrors.IsConflict(err) && sleep(ctx, min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)) != nil {
+		case apierrors.IsConflict(err):
+			continue
+		case definitive(err):
 			return err
 		}
-		if ctx.Err() != nil {
+		if sleep(ctx, min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)) != nil {
 			return err
 		}
 	}
