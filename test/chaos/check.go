@@ -80,17 +80,22 @@ func (c *Cluster) check(ctx context.Context, ns, eventsDir string, obs *observer
 	if err != nil {
 		return nil, err
 	}
-	frs, err := c.etcdHistory(ctx, "/registry/locks.fencekeeper.dev/fencedresources/"+ns+"/")
+	cli, err := c.etcdClient()
 	if err != nil {
 		return nil, err
 	}
-	grants, err := c.etcdHistory(ctx, "/registry/locks.fencekeeper.dev/lockgrants/"+ns+"/")
+	defer cli.Close()
+	frs, err := etcdHistory(ctx, cli, "/registry/locks.fencekeeper.dev/fencedresources/"+ns+"/")
+	if err != nil {
+		return nil, err
+	}
+	grants, err := etcdHistory(ctx, cli, "/registry/locks.fencekeeper.dev/lockgrants/"+ns+"/")
 	if err != nil {
 		return nil, err
 	}
 	objects := map[string][]version{}
 	for _, prefix := range []string{"/registry/configmaps/" + ns + "/", "/registry/example.com/widgets/" + ns + "/"} {
-		h, err := c.etcdHistory(ctx, prefix)
+		h, err := etcdHistory(ctx, cli, prefix)
 		if err != nil {
 			return nil, err
 		}
@@ -446,7 +451,6 @@ func (r *scheduleResult) measureWindows(events []Event) {
 			oks = append(oks, e.At)
 		}
 	}
-	r.windows = nil
 	for _, f := range r.faults {
 		if f.at.IsZero() {
 			continue

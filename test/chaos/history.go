@@ -24,19 +24,19 @@ type version struct {
 	spec, status map[string]any // custom resources only
 }
 
-// etcdHistory reads every revision of every key under prefix straight from
-// etcd (the API server compacts nothing here): the checker trusts neither
-// the API server's watch cache nor the operator.
-func (c *Cluster) etcdHistory(ctx context.Context, prefix string) (map[string][]version, error) {
+// etcdClient connects to all three members (the checker reads etcd
+// directly: it trusts neither the API server's watch cache nor the operator).
+func (c *Cluster) etcdClient() (*clientv3.Client, error) {
 	var eps []string
 	for i := 0; i < 3; i++ {
 		eps = append(eps, "http://"+c.net.subnet(etcdHost+i)+":2379")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second})
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
+	return clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second})
+}
+
+// etcdHistory reads every revision of every key under prefix (the API
+// servers compact nothing here).
+func etcdHistory(ctx context.Context, cli *clientv3.Client, prefix string) (map[string][]version, error) {
 	cur, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)

@@ -22,9 +22,10 @@ import (
 // serving certificates and every user's client certificate (CN = user, O =
 // groups), so any user authenticates at either API server.
 type pki struct {
-	cert  *x509.Certificate
-	key   *ecdsa.PrivateKey
-	caPEM []byte
+	cert   *x509.Certificate
+	key    *ecdsa.PrivateKey
+	caPEM  []byte
+	issued int64 // serial number of the last certificate
 }
 
 func newPKI() (*pki, error) {
@@ -43,10 +44,8 @@ func newPKI() (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pki{cert: cert, key: key, caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+	return &pki{cert: cert, key: key, caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), issued: 1}, nil
 }
-
-var serial = big.NewInt(1)
 
 // issue returns a PEM certificate and key: a server certificate for ips, or
 // (no ips) a client certificate for user cn in groups.
@@ -55,8 +54,8 @@ func (p *pki) issue(cn string, groups []string, ips []string) (certPEM, keyPEM [
 	if err != nil {
 		return nil, nil, err
 	}
-	serial = new(big.Int).Add(serial, big.NewInt(1))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn, Organization: groups},
+	p.issued++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(p.issued), Subject: pkix.Name{CommonName: cn, Organization: groups},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if len(ips) > 0 {

@@ -21,7 +21,6 @@ type proc struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{}
-	paused bool
 	starts int
 }
 
@@ -50,7 +49,7 @@ func (p *proc) start() error {
 		_ = log.Close()
 		close(exited)
 	}()
-	p.cmd, p.exited, p.paused = cmd, exited, false
+	p.cmd, p.exited = cmd, exited
 	p.starts++
 	return nil
 }
@@ -74,12 +73,6 @@ func (p *proc) signal(sig syscall.Signal) {
 	defer p.mu.Unlock()
 	if p.cmd != nil {
 		_ = p.cmd.Process.Signal(sig)
-		switch sig {
-		case syscall.SIGSTOP:
-			p.paused = true
-		case syscall.SIGCONT:
-			p.paused = false
-		}
 	}
 }
 

@@ -268,17 +268,18 @@ func newObserver(c *Cluster, ns string) *observer {
 
 func (o *observer) run(ctx context.Context) {
 	for i := range o.c.apis {
-		go o.follow(ctx, i)
+		go o.follow(ctx, i, locksv1.GroupVersion.WithKind("FencedResourceList"), func(u *unstructured.Unstructured) { o.see(u) })
 		for _, gvk := range []schema.GroupVersionKind{{Version: "v1", Kind: "ConfigMapList"}, {Group: "example.com", Version: "v1", Kind: "WidgetList"}} {
-			go o.followObjects(ctx, i, gvk)
+			go o.follow(ctx, i, gvk, func(u *unstructured.Unstructured) { o.record(i, u) })
 		}
 	}
 	<-ctx.Done()
 }
 
-// followObjects records the protected objects' versions as API server api's
-// watch delivers them (relisting after a broken watch, as informers do).
-func (o *observer) followObjects(ctx context.Context, api int, gvk schema.GroupVersionKind) {
+// follow lists and then watches the namespace's objects of kind gvk through
+// API server api, handing each version delivered to each (relisting after a
+// broken watch, as informers do).
+func (o *observer) follow(ctx context.Context, api int, gvk schema.GroupVersionKind, each func(*unstructured.Unstructured)) {
 	for ctx.Err() == nil {
 		cl, err := o.c.adminClient(api)
 		if err != nil {
@@ -294,7 +295,7 @@ func (o *observer) followObjects(ctx context.Context, api int, gvk schema.GroupV
 			continue
 		}
 		for i := range list.Items {
-			o.record(api, &list.Items[i])
+			each(&list.Items[i])
 		}
 		wl := &unstructured.UnstructuredList{}
 		wl.SetGroupVersionKind(gvk)
@@ -305,7 +306,7 @@ func (o *observer) followObjects(ctx context.Context, api int, gvk schema.GroupV
 		}
 		for ev := range w.ResultChan() {
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type != "DELETED" && ev.Type != "ERROR" {
-				o.record(api, u)
+				each(u)
 			}
 		}
 		w.Stop()
@@ -323,48 +324,18 @@ func (o *observer) record(api int, u *unstructured.Unstructured) {
 	o.seen[api] = append(o.seen[api], watched{name: u.GetName(), rev: rev, value: registerValue{Fence: e.Grant.FenceToken, Req: e.Grant.RequestID, Segment: e.Segment}})
 }
 
-func (o *observer) follow(ctx context.Context, api int) {
-	for ctx.Err() == nil {
-		cl, err := o.c.adminClient(api)
-		if err != nil {
-			return
-		}
-		var list locksv1.FencedResourceList
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = cl.List(wctx, &list, client.InNamespace(o.ns))
-		cancel()
-		if err != nil {
-			sleep(ctx, 200*time.Millisecond)
-			continue
-		}
-		for i := range list.Items {
-			o.see(&list.Items[i])
-		}
-		w, err := cl.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(o.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
-		if err != nil {
-			sleep(ctx, 200*time.Millisecond)
-			continue
-		}
-		for ev := range w.ResultChan() {
-			if fr, ok := ev.Object.(*locksv1.FencedResource); ok {
-				o.see(fr)
-			}
-		}
-		w.Stop()
-	}
-}
-
-func (o *observer) see(fr *locksv1.FencedResource) {
+func (o *observer) see(fr *unstructured.Unstructured) {
 	now := time.Now()
+	token, _, _ := unstructured.NestedInt64(fr.Object, "status", "fenceToken")
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	m := o.first[fr.Name]
+	m := o.first[fr.GetName()]
 	if m == nil {
 		m = map[int64]time.Time{}
-		o.first[fr.Name] = m
+		o.first[fr.GetName()] = m
 	}
-	if _, seen := m[fr.Status.FenceToken]; !seen {
-		m[fr.Status.FenceToken] = now
+	if _, seen := m[token]; !seen {
+		m[token] = now
 	}
 }
 

@@ -225,16 +225,6 @@ func (w *worker) write(ctx context.Context, lock *lockclient.Lock, op *lockclien
 	return err == nil
 }
 
-// definitivelyRefused: the API server answered that nothing was written.
-func definitivelyRefused(err error) bool {
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		return false
-	}
-	code := status.Status().Code
-	return code >= 400 && code < 500 && code != 408 && code != 429
-}
-
 // resolve decides an unknown write (segment seg of operation opID under
 // fence f) from the object's fence state and receipt log, as
 // lockclient.ResolveFromLog does, for up to 30 s (the partition may last).
@@ -343,6 +333,8 @@ func (w *worker) waitSuperseded(ctx context.Context, res string, f int64) bool {
 	return false
 }
 
+// outcome of an adversary write: only "ok" (a violation) and "denied" (by
+// the webhook) are judged; anything else refused it otherwise.
 func outcome(err error) string {
 	if err == nil {
 		return "ok"
@@ -350,10 +342,7 @@ func outcome(err error) string {
 	if _, denied := lockclient.AsDenial(err); denied {
 		return "denied"
 	}
-	if definitivelyRefused(err) {
-		return "rejected"
-	}
-	return "unknown"
+	return "refused"
 }
 
 func errText(err error) string {
