@@ -51,10 +51,28 @@ const (
 // first decision that planned that phase; everything else (final statuses,
 // renewals and condition updates within a phase) is written at once.
 type freshHolds struct {
-	now   func() time.Time
-	mu    sync.Mutex
-	since map[types.UID]deferral
+	now    func() time.Time
+	mu     sync.Mutex
+	since  map[types.UID]deferral
+	landed map[types.UID]landing
 }
+
+// landing is a status this issuer wrote, and the resourceVersion its write
+// produced. Until the cache shows that version, a decision made from the
+// cache plans the write again (the issuer reconciles on its own registry
+// write before the LockGrant informer delivers the status write that
+// followed it), and sending it would be refused for its stale
+// resourceVersion: a 409, an API write for nothing, and a requeue.
+type landing struct {
+	resourceVersion string
+	status          locksv1.LockGrantStatus
+	at              time.Time
+}
+
+// landedMemory is how long a landing is trusted over the cache. A cache
+// catches up in milliseconds; past this the cache decides again, so a status
+// someone else overwrote since is still put right.
+const landedMemory = 10 * time.Second
 
 // deferral is a planned phase not yet written, and when it was first planned.
 type deferral struct {
@@ -63,7 +81,7 @@ type deferral struct {
 }
 
 func newFreshHolds(now func() time.Time) *freshHolds {
-	return &freshHolds{now: now, since: map[types.UID]deferral{}}
+	return &freshHolds{now: now, since: map[types.UID]deferral{}, landed: map[types.UID]landing{}}
 }
 
 // due returns the statuses to write now, in the planned order, and how long
@@ -76,6 +94,9 @@ func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locks
 	var write []issuing.GrantStatus
 	var wait time.Duration
 	for _, s := range planned {
+		if f.alreadyLanded(s, grants[s.Name], now) {
+			continue
+		}
 		left := f.left(s, grants[s.Name], now)
 		if left <= 0 {
 			write = append(write, s)
@@ -86,6 +107,38 @@ func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locks
 		}
 	}
 	return write, wait
+}
+
+// wrote records that status was written to lg, whose resourceVersion is
+// now the one the write produced.
+func (f *freshHolds) wrote(lg *locksv1.LockGrant, status locksv1.LockGrantStatus) {
+	if lg == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.landed) >= maxDeferredHolds {
+		f.landed = map[types.UID]landing{} // only a saving is lost: the cache decides
+	}
+	f.landed[lg.UID] = landing{resourceVersion: lg.ResourceVersion, status: status, at: f.now()}
+}
+
+// alreadyLanded reports whether s was written already and lg, the cache's
+// view, is older than that write: a final status is never written twice,
+// and another status only when it says something new.
+func (f *freshHolds) alreadyLanded(s issuing.GrantStatus, lg *locksv1.LockGrant, now time.Time) bool {
+	if lg == nil {
+		return false
+	}
+	l, ok := f.landed[lg.UID]
+	if !ok {
+		return false
+	}
+	if lg.ResourceVersion == l.resourceVersion || now.Sub(l.at) > landedMemory {
+		delete(f.landed, lg.UID) // the cache has caught up, or it is trusted again
+		return false
+	}
+	return l.status.Phase.Terminal() || issuing.SameGrantStatus(l.status, s.Status)
 }
 
 // left is how long s must still wait (≤ 0: write it now), remembering when

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/issuing"
 )
@@ -144,5 +146,62 @@ func TestFreshHoldsBound(t *testing.T) {
 	now = now.Add(heldMirrorDelay / 2)
 	if write, _ := f.due(planned, grants); len(write) != maxDeferredHolds {
 		t.Fatalf("%d of %d deferred statuses due after the delay", len(write), maxDeferredHolds)
+	}
+}
+
+// The issuer reconciles on its own registry write before the LockGrant
+// informer delivers the status write that followed it. Planned again from
+// that stale view, a status already written is not sent again (it would be
+// refused for its old resourceVersion: a 409 and a requeue); once the cache
+// shows the write, or after landedMemory, the cache decides again.
+func TestFreshHoldsLanded(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := newFreshHolds(func() time.Time { return now })
+	a := waiting("a", 0)
+	a.ResourceVersion = "10"
+	grants := map[string]*locksv1.LockGrant{"a": &a}
+	released := func(msg string) issuing.GrantStatus {
+		return issuing.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased,
+			Conditions: []metav1.Condition{{Type: locksv1.ConditionIssued, Status: metav1.ConditionFalse, Reason: locksv1.ReasonReleased, Message: msg}}}}
+	}
+	if write, _ := f.due([]issuing.GrantStatus{released("released at t1")}, grants); len(write) != 1 {
+		t.Fatal("a final status not written at once")
+	}
+	written := a.DeepCopy()
+	written.ResourceVersion = "11"
+	f.wrote(written, released("released at t1").Status)
+
+	// The stale cache (resourceVersion 10) plans the final status again, with
+	// another time in its message: not sent.
+	now = now.Add(5 * time.Millisecond)
+	if write, _ := f.due([]issuing.GrantStatus{released("released at t2")}, grants); len(write) != 0 {
+		t.Fatalf("a final status written twice from a stale cache: %v", write)
+	}
+	// Another status for the same grant that says something new is sent.
+	held := issuing.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, ObservedRenewals: 1}}
+	b := waiting("b", time.Second)
+	b.ResourceVersion, b.Status.Phase = "20", locksv1.PhaseHeld
+	grants["b"] = &b
+	f.wrote(&locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{UID: b.UID, ResourceVersion: "21"}},
+		locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld})
+	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: held.Status}}, grants); len(write) != 1 {
+		t.Fatal("a renewal's Held skipped as already written")
+	}
+	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 0 {
+		t.Fatal("the same Held written twice from a stale cache")
+	}
+
+	// The cache caught up: the memory goes, and the cache decides.
+	a.ResourceVersion = "11"
+	if write, _ := f.due([]issuing.GrantStatus{released("released at t3")}, grants); len(write) != 1 {
+		t.Fatal("a status planned from a cache that shows the write was skipped")
+	}
+	if _, ok := f.landed[a.UID]; ok {
+		t.Fatal("a landing kept after the cache showed it")
+	}
+	// A memory older than landedMemory is not trusted: the cache decides.
+	now = now.Add(landedMemory + time.Millisecond)
+	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 1 {
+		t.Fatal("a landing trusted past landedMemory")
 	}
 }

@@ -218,13 +218,15 @@ func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d
 	}
 	statuses, heldDue := r.holds.due(d.GrantStatus, byName)
 	for _, c := range statuses {
-		if err := r.patchGrant(ctx, byName[c.Name], true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
+		lg := byName[c.Name]
+		if err := r.patchGrant(ctx, lg, true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 				return ctrl.Result{}, err
 			}
 			// Keep the order: nothing later is written before this one lands.
 			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
+		r.holds.wrote(lg, c.Status)
 	}
 	retry := false
 	for _, name := range d.RemoveFinalizer {

@@ -23,7 +23,7 @@ func mirrorGrants(v *view, d *Decision, ended map[string]locksv1.LockGrantStatus
 	for i := range v.in.Grants {
 		lg := &v.in.Grants[i]
 		want, ok := desiredGrantStatus(v, lg, ended, inQueue)
-		if ok && !sameGrantStatus(lg.Status, want) {
+		if ok && !SameGrantStatus(lg.Status, want) {
 			d.GrantStatus = append(d.GrantStatus, GrantStatus{lg.Name, want})
 			if want.Phase == locksv1.PhaseDenied {
 				d.PolicyDenial = true
@@ -139,9 +139,10 @@ func TerminalStatus(cur locksv1.LockGrantStatus, phase locksv1.LockGrantPhase, r
 	return s
 }
 
-// sameGrantStatus compares statuses ignoring condition transition times, and
+// SameGrantStatus reports whether writing want over cur would change nothing
+// that matters: it compares statuses ignoring condition transition times, and
 // refuses to let a held grant's expiry or renewals move backwards.
-func sameGrantStatus(cur, want locksv1.LockGrantStatus) bool {
+func SameGrantStatus(cur, want locksv1.LockGrantStatus) bool {
 	a, b := cur.DeepCopy(), want.DeepCopy()
 	for i := range a.Conditions {
 		a.Conditions[i].LastTransitionTime = metav1.Time{}
