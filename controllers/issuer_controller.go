@@ -48,12 +48,10 @@ type GrantIssuerReconciler struct {
 	holds *freshHolds // which LockGrant statuses to write now (freshholds.go)
 }
 
-// SetupWithManager registers the controller and the LockGrant index.
+// SetupWithManager registers the controller and the LockGrant indexes.
 func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &locksv1.LockGrant{}, locksv1.LockGrantResourceField, func(o client.Object) []string {
-		return []string{o.(*locksv1.LockGrant).Spec.Resource}
-	}); err != nil {
-		return fmt.Errorf("index LockGrants by %s: %w", locksv1.LockGrantResourceField, err)
+	if err := indexGrants(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
 	}
 	name := r.Name
 	if name == "" {
@@ -114,22 +112,24 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	return r.mirror(ctx, &in, &d)
 }
 
-// gather reads the FencedResource, its LockGrants (from the cache) and the
-// issuer's state; found is false when the FencedResource does not exist.
+// gather reads the FencedResource, its active LockGrants (from the cache's
+// index) and the issuer's state; found is false when the FencedResource does
+// not exist.
 func (r *GrantIssuerReconciler) gather(ctx context.Context, key types.NamespacedName) (issuing.Input, bool, error) {
 	fr := &locksv1.FencedResource{}
 	if err := r.Get(ctx, key, fr); err != nil {
 		return issuing.Input{}, false, client.IgnoreNotFound(err)
 	}
 	var list locksv1.LockGrantList
-	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: fr.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{activeGrantsIndex: fr.Name}); err != nil {
 		return issuing.Input{}, false, err
 	}
 	grants := list.Items
 	holderDeleted := false
 	if h := fr.Status.Holder; h != nil && !slices.ContainsFunc(grants, func(lg locksv1.LockGrant) bool { return string(lg.UID) == h.GrantUID }) {
-		// The cache does not show the holder. Only an uncached read can tell a
-		// deleted holder from one the cache has not caught up with.
+		// The index does not show the holder (not seen yet, or ended in the
+		// cache's view). Only an uncached read can tell a deleted holder from
+		// one the cache has not caught up with.
 		var lg locksv1.LockGrant
 		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: fr.Namespace, Name: h.GrantName}, &lg)
 		switch {
@@ -290,7 +290,7 @@ func (r *GrantIssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.Lock
 // denyOrphans settles LockGrants whose FencedResource is gone: they can never be served.
 func (r *GrantIssuerReconciler) denyOrphans(ctx context.Context, key types.NamespacedName) error {
 	var list locksv1.LockGrantList
-	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: key.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{activeGrantsIndex: key.Name}); err != nil {
 		return err
 	}
 	if len(list.Items) == 0 {

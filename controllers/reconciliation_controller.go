@@ -35,8 +35,8 @@ type UnresolvedMutationReconciler struct {
 	Name string
 }
 
-// SetupWithManager registers the controller; it uses the LockGrant index the
-// grant issuer registers.
+// SetupWithManager registers the controller; it uses the LockGrant index
+// (unresolvedGrantsIndex) the grant issuer registers.
 func (r *UnresolvedMutationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	name := r.Name
 	if name == "" {
@@ -63,7 +63,7 @@ func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.R
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	var list locksv1.LockGrantList
-	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{locksv1.LockGrantResourceField: fr.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{unresolvedGrantsIndex: fr.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
 	s := summarizeUnresolved(list.Items, r.Issuer.clock.Now())

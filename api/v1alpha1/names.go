@@ -55,8 +55,8 @@ const (
 	ProtectedWebhookPath = "/validate-fencekeeper-protected"
 	// LeaderElectionID names the leader-election Lease: its holder is the issuer.
 	LeaderElectionID = "issuer.locks.fencekeeper.dev"
-	// LockGrantResourceField is LockGrant's selectable field (and the
-	// operator's cache index) naming its FencedResource.
+	// LockGrantResourceField is LockGrant's selectable field naming its
+	// FencedResource (the API server filters by it).
 	LockGrantResourceField = "spec.resource"
 	// FencedResourceTargetField is the webhooks' cache index of
 	// FencedResources by target ("group/kind/name", see TargetKey).

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -307,4 +308,85 @@ func TestDecideNeverServesAnEndedGrantWhoseMirrorWasLost(t *testing.T) {
 	if aStatus == nil || aStatus.Phase != locksv1.PhaseExpired {
 		t.Fatalf("a's status planned %+v, want Expired restored from the registry", aStatus)
 	}
+}
+
+// The operator's cache index holds only Active LockGrants: a resource's
+// history of ended ones must not change any decision. Through a run of
+// handoffs, releases, a deleted ended grant and a duplicate requestID, every
+// decision made from the active grants alone equals the one made from all.
+func TestDecideIgnoresEndedGrants(t *testing.T) {
+	f := fr(10)
+	var grants []locksv1.LockGrant
+	for i, n := range []string{"a", "b", "c", "d", "e"} {
+		grants = append(grants, lg(n, time.Duration(i)*time.Second))
+	}
+	in := Input{Resource: f, Grants: grants, Now: t0.Add(10 * time.Second), Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
+	same := func(step string) {
+		t.Helper()
+		full, err := Decide(Input{Resource: f.DeepCopy(), Grants: slices.Clone(in.Grants), Now: in.Now, Epoch: 1, TakeoverAt: t0, Signer: in.Signer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		active := slices.DeleteFunc(slices.Clone(in.Grants), func(g locksv1.LockGrant) bool { return !Active(&g) })
+		part, err := Decide(Input{Resource: f.DeepCopy(), Grants: active, Now: in.Now, Epoch: 1, TakeoverAt: t0, Signer: in.Signer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equality.Semantic.DeepEqual(withoutTransitionTimes(full), withoutTransitionTimes(part)) {
+			t.Fatalf("%s: the decision from the %d active of %d grants differs:\nall:    %+v\nactive: %+v", step, len(active), len(in.Grants), full, part)
+		}
+	}
+	ended := 0
+	for step := 0; step < 12; step++ {
+		same(fmt.Sprintf("step %d (%s)", step, phases(in.Grants)))
+		apply(t, in)
+		if h := f.Status.Holder; h != nil {
+			for i := range in.Grants {
+				if in.Grants[i].Name == h.GrantName {
+					in.Grants[i].Spec.Release = true // the holder releases
+				}
+			}
+		}
+		for i := range in.Grants {
+			if in.Grants[i].Status.Phase.Terminal() {
+				ended++
+			}
+		}
+		in.Now = in.Now.Add(time.Second)
+		switch step {
+		case 4:
+			// An ended grant is deleted: it is active again until its finalizer goes.
+			for i := range in.Grants {
+				if in.Grants[i].Status.Phase.Terminal() {
+					in.Grants[i].DeletionTimestamp = &metav1.Time{Time: in.Now}
+					break
+				}
+			}
+		case 6:
+			// A new request arrives, and a twin of an ended request's requestID under another name.
+			nw, twin := lg("f", 9*time.Second), lg("g", 9*time.Second)
+			twin.Spec.RequestID = "req-a"
+			in.Grants = append(in.Grants, nw, twin)
+		}
+	}
+	if ended == 0 {
+		t.Fatal("no grant ever ended: the test compared nothing")
+	}
+}
+
+// withoutTransitionTimes clears what SetCondition stamps from the wall clock.
+func withoutTransitionTimes(d Decision) Decision {
+	clear := func(cs []metav1.Condition) []metav1.Condition {
+		cs = slices.Clone(cs)
+		for i := range cs {
+			cs[i].LastTransitionTime = metav1.Time{}
+		}
+		return cs
+	}
+	d.Status.Conditions = clear(d.Status.Conditions)
+	d.GrantStatus = slices.Clone(d.GrantStatus)
+	for i := range d.GrantStatus {
+		d.GrantStatus[i].Status.Conditions = clear(d.GrantStatus[i].Status.Conditions)
+	}
+	return d
 }

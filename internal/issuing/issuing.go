@@ -32,7 +32,9 @@ import (
 // Input is everything one decision depends on.
 type Input struct {
 	Resource *locksv1.FencedResource
-	Grants   []locksv1.LockGrant // every LockGrant whose spec.resource names Resource
+	// Grants are the LockGrants whose spec.resource names Resource and that
+	// are Active; ended ones may be included and change nothing.
+	Grants []locksv1.LockGrant
 	// HolderDeleted is true when the holder's LockGrant was confirmed gone by an uncached read.
 	HolderDeleted bool
 	Now           time.Time

@@ -2,6 +2,7 @@ package issuing
 
 import (
 	"fmt"
+	"slices"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
@@ -57,4 +58,15 @@ func granted(st *locksv1.FencedResourceStatus, lg *locksv1.LockGrant) bool {
 // re-created LockGrant of the same name is another request).
 func isHolder(h *locksv1.Holder, lg *locksv1.LockGrant) bool {
 	return h != nil && lg != nil && h.GrantName == lg.Name && h.GrantUID == string(lg.UID)
+}
+
+// Active reports whether a decision can still act on lg: it has not ended,
+// or it is being deleted and still carries the release finalizer. An ended
+// LockGrant decides nothing: its status never changes again, its name (and
+// so its requestID) cannot be taken while it exists, and the registry's
+// holder record and recentlyEnded say what the queue needs. The operator's
+// cache index holds only these, so a decision costs the same after a
+// resource's millionth acquisition as after its first.
+func Active(lg *locksv1.LockGrant) bool {
+	return !lg.Status.Phase.Terminal() || (lg.DeletionTimestamp != nil && slices.Contains(lg.Finalizers, locksv1.GrantFinalizer))
 }

@@ -93,6 +93,13 @@ var _ = Describe("LockGrant tenancy", func() {
 		Eventually(func() bool {
 			return apierrors.IsNotFound(admin.Get(suiteCtx, client.ObjectKeyFromObject(next), &locksv1.LockGrant{}))
 		}).Should(BeTrue())
+		// An ended LockGrant is out of the issuer's cache index; deleting it
+		// brings it back in until the issuer has removed its finalizer.
+		Expect(held.Finalizers).To(ContainElement(locksv1.GrantFinalizer))
+		Expect(workers["worker-a"].Delete(suiteCtx, held)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(admin.Get(suiteCtx, client.ObjectKeyFromObject(held), &locksv1.LockGrant{}))
+		}).Should(BeTrue())
 	})
 
 	It("denies a user who may delete LockGrants but holds no break-glass verb", func() {

@@ -236,15 +236,23 @@ func (r *registry) reconcile() {
 
 // issuerCache is the issuer's view of the LockGrants: the API server's,
 // except while FaultIssuerCacheLag holds older copies (of LockGrants since
-// deleted too).
+// deleted too); like the operator's cache index, only the active ones
+// (issuing.Active), plus the holder read around the cache when the index
+// does not show it (controllers' gather).
 func (r *registry) issuerCache() []locksv1.LockGrant {
-	if r.cacheLagUntil.IsZero() {
-		return r.grants
+	view := slices.Clone(r.grants)
+	if !r.cacheLagUntil.IsZero() {
+		view = slices.Clone(r.staleGrants)
+		for _, lg := range r.grants {
+			if !slices.ContainsFunc(view, func(s locksv1.LockGrant) bool { return s.UID == lg.UID }) {
+				view = append(view, lg)
+			}
+		}
 	}
-	view := slices.Clone(r.staleGrants)
-	for _, lg := range r.grants {
-		if !slices.ContainsFunc(view, func(s locksv1.LockGrant) bool { return s.UID == lg.UID }) {
-			view = append(view, lg)
+	view = slices.DeleteFunc(view, func(lg locksv1.LockGrant) bool { return !issuing.Active(&lg) })
+	if h := r.fr.Status.Holder; h != nil && !slices.ContainsFunc(view, func(lg locksv1.LockGrant) bool { return string(lg.UID) == h.GrantUID }) {
+		if lg := r.find(h.GrantName); lg != nil && string(lg.UID) == h.GrantUID {
+			view = append(view, *lg)
 		}
 	}
 	return view

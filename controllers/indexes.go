@@ -1,0 +1,46 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/issuing"
+)
+
+// The operator's cache indexes LockGrants by the FencedResource they name,
+// but only those a reconcile can act on: a resource's history of ended
+// LockGrants stays out of every List and its deep copies, however long it
+// grows (before, every registry write listed and copied all of it, twice).
+const (
+	// activeGrantsIndex holds the issuing.Active LockGrants.
+	activeGrantsIndex = "spec.resource.active"
+	// unresolvedGrantsIndex holds the LockGrants that record a write whose
+	// outcome is unknown (annotation fencekeeper.dev/unresolved-mutation).
+	unresolvedGrantsIndex = "spec.resource.unresolved"
+)
+
+// indexGrants registers both indexes.
+func indexGrants(ctx context.Context, indexer client.FieldIndexer) error {
+	for name, keep := range map[string]func(*locksv1.LockGrant) bool{
+		activeGrantsIndex:     issuing.Active,
+		unresolvedGrantsIndex: recordsUnresolvedMutation,
+	} {
+		if err := indexer.IndexField(ctx, &locksv1.LockGrant{}, name, func(o client.Object) []string {
+			if lg := o.(*locksv1.LockGrant); keep(lg) {
+				return []string{lg.Spec.Resource}
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("index LockGrants by %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func recordsUnresolvedMutation(lg *locksv1.LockGrant) bool {
+	_, ok := lg.Annotations[locksv1.AnnotationUnresolvedMutation]
+	return ok
+}
