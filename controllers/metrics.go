@@ -29,6 +29,9 @@ var (
 	uncachedGrantReads = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_issuer_uncached_grant_reads_total",
 		Help: "LockGrants read around the cache to confirm they were never granted before they are queued or issued."})
+	grantsCollected = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fencekeeper_lockgrants_collected_total",
+		Help: "Ended LockGrants deleted after the retention (--ended-grant-retention)."})
 	queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencekeeper_grant_queue_depth", Help: "LockGrants waiting in a FencedResource's FIFO queue."},
 		[]string{"namespace", "fencedresource"})
@@ -60,7 +63,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
-		registryWrites, casConflicts, uncachedGrantReads, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo)
+		registryWrites, casConflicts, uncachedGrantReads, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo)
 	v := version.Get()
 	buildInfo.WithLabelValues(v.Version, v.Commit).Set(1)
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 
@@ -27,6 +28,9 @@ type Options struct {
 	// with its own cache then decides under the same signing key and epoch
 	// (tests race two such controllers on one resource).
 	Issuer *Issuer
+	// EndedGrantRetention is how long an ended LockGrant is kept before it is
+	// deleted (0: DefaultEndedGrantRetention; negative: never).
+	EndedGrantRetention time.Duration
 	// WrapClient, when set, wraps the issuing controller's client; tests use it
 	// to inject faults such as a crash between two writes.
 	WrapClient func(client.Client) client.Client
@@ -68,6 +72,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 		Client: mgr.GetClient(), Issuer: issuer, Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("unresolved-mutations"),
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
+	}
+	if o.EndedGrantRetention == 0 {
+		o.EndedGrantRetention = DefaultEndedGrantRetention
+	}
+	if o.EndedGrantRetention > 0 {
+		if err := mgr.Add(&EndedGrantCollector{Client: mgr.GetClient(), Clock: o.Clock, Retention: o.EndedGrantRetention}); err != nil {
+			return nil, err
+		}
 	}
 	if err := (&NamespaceEnrollmentReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Name: name("namespace-enrollment")}).SetupWithManager(mgr); err != nil {
 		return nil, err

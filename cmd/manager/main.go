@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/operator"
 	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/internal/version"
@@ -39,6 +40,7 @@ func main() {
 	flag.StringVar(&o.CertDir, "webhook-cert-dir", "", "Directory with tls.crt and tls.key for the webhook server (default: controller-runtime's).")
 	flag.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server.")
 	flag.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "FencedResources decided in parallel (one resource is never decided twice at once).")
+	flag.DurationVar(&o.EndedGrantRetention, "ended-grant-retention", controllers.DefaultEndedGrantRetention, "How long a LockGrant is kept after it ended (Released, Expired, Revoked, Denied) before the operator deletes it; one recording an unresolved write is kept until that is resolved. Negative: never delete.")
 	flag.BoolVar(&o.SelfSignedCerts, "self-signed-certs", false, "Serve a self-signed webhook certificate shared by all replicas through one Secret (--webhook-cert-secret), rotated before expiry, and patch the webhook configuration's caBundle (clusters without cert-manager).")
 	flag.StringVar(&o.CertSecret, "webhook-cert-secret", "fencekeeper-webhook-self-signed-cert", "With --self-signed-certs: the Secret in --namespace holding the shared CA and serving certificate (the operator's Role names it).")
 	flag.DurationVar(&o.CertSyncInterval, "webhook-cert-sync-interval", time.Minute, "With --self-signed-certs: how often each replica re-reads the Secret (reloads a renewed certificate, renews a due one).")

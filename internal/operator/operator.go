@@ -64,6 +64,9 @@ type Options struct {
 	CertPolicy *certs.Policy
 	// MaxConcurrentReconciles: FencedResources decided in parallel.
 	MaxConcurrentReconciles int
+	// EndedGrantRetention: how long ended LockGrants are kept (0: the
+	// default, negative: forever).
+	EndedGrantRetention time.Duration
 	// Clock is the issuer's and the webhook's clock (default: real time).
 	Clock clock.Clock
 	// OnIssuing, if set, is called once this replica issues grants (it leads)
@@ -135,7 +138,9 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
 	}
-	issuer, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles})
+	issuer, err := controllers.Setup(ctx, mgr, controllers.Options{
+		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
+	})
 	if err != nil {
 		return fmt.Errorf("issuer: %w", err)
 	}

@@ -1,0 +1,59 @@
+package controllers
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+func TestDueForCollection(t *testing.T) {
+	now := time.Unix(5000, 0)
+	retention := time.Minute
+	ended := func(name string, phase locksv1.LockGrantPhase) locksv1.LockGrant {
+		lg := waiting(name, 0)
+		lg.Status.Phase = phase
+		return lg
+	}
+	released, expired, held, pending := ended("released", locksv1.PhaseReleased), ended("expired", locksv1.PhaseExpired),
+		ended("held", locksv1.PhaseHeld), ended("pending", "")
+	unresolved := ended("unresolved", locksv1.PhaseReleased)
+	unresolved.Annotations = map[string]string{locksv1.AnnotationUnresolvedMutation: `{"object":"ConfigMap/x"}`}
+	deleting := ended("deleting", locksv1.PhaseDenied)
+	deleting.DeletionTimestamp = &metav1.Time{Time: now}
+	grants := []locksv1.LockGrant{released, expired, held, pending, unresolved, deleting}
+	names := func(lgs []*locksv1.LockGrant) (n []string) {
+		for _, lg := range lgs {
+			n = append(n, lg.Name)
+		}
+		slices.Sort(n)
+		return n
+	}
+
+	// First seen ended now: nothing is due yet, and only the collectable are remembered.
+	due, seen := dueForCollection(grants, nil, now, retention)
+	if len(due) != 0 || len(seen) != 2 {
+		t.Fatalf("first pass: due %v, remembered %d; want none due, 2 remembered", names(due), len(seen))
+	}
+	// Just before the retention: still nothing.
+	if due, seen = dueForCollection(grants, seen, now.Add(retention-time.Second), retention); len(due) != 0 {
+		t.Fatalf("due before the retention: %v", names(due))
+	}
+	// The expired one was deleted by someone else meanwhile; the released one is due.
+	due, seen = dueForCollection([]locksv1.LockGrant{released, held, pending, unresolved, deleting}, seen, now.Add(retention), retention)
+	if got := names(due); !slices.Equal(got, []string{"released"}) || len(seen) != 0 {
+		t.Fatalf("at the retention: due %v, remembered %d; want [released], nothing", got, len(seen))
+	}
+	// Once its unknown write is resolved, the annotated one counts from then.
+	unresolved.Annotations = nil
+	later := now.Add(2 * retention)
+	if due, seen = dueForCollection([]locksv1.LockGrant{unresolved}, seen, later, retention); len(due) != 0 {
+		t.Fatal("a LockGrant whose record was just resolved collected at once")
+	}
+	if due, _ = dueForCollection([]locksv1.LockGrant{unresolved}, seen, later.Add(retention), retention); len(due) != 1 {
+		t.Fatal("a resolved LockGrant not collected after the retention")
+	}
+}

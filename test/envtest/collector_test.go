@@ -1,0 +1,65 @@
+package envtest
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/controllers"
+)
+
+// Ended LockGrants are deleted after --ended-grant-retention, counted on the
+// issuer's clock, except those recording a write whose outcome is unknown.
+var _ = Describe("Ended LockGrant collection", func() {
+	It("deletes ended LockGrants after the retention, and keeps held ones and unresolved records", func() {
+		primary.stop()
+		primary = startOperator("collector", issuerClock, controllers.Options{EndedGrantRetention: 2 * time.Second})
+		DeferCleanup(func() {
+			primary.stop()
+			primary = startOperator("primary-after-collector", issuerClock, controllers.Options{})
+		})
+		ns := newNamespace()
+		newFencedResource(ns, "batch", 3600)
+		done := waitPhase(request(ns, "batch", "worker-a", "done"), locksv1.PhaseHeld)
+		release(done)
+		waitPhase(done, locksv1.PhaseReleased)
+		unresolved := waitPhase(request(ns, "batch", "worker-a", "unresolved"), locksv1.PhaseHeld)
+		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: unresolved.ObjectMeta}, func(g *locksv1.LockGrant) {
+			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation,
+				`{"object":"ConfigMap/x","operation":"op","segment":1,"fence":2,"since":"2026-01-01T00:00:00Z"}`)
+		})).To(Succeed())
+		release(unresolved)
+		waitPhase(unresolved, locksv1.PhaseReleased)
+		holding := waitPhase(request(ns, "batch", "worker-b", "holding"), locksv1.PhaseHeld)
+
+		exists := func(lg *locksv1.LockGrant) func() bool {
+			return func() bool {
+				err := admin.Get(suiteCtx, client.ObjectKeyFromObject(lg), &locksv1.LockGrant{})
+				Expect(client.IgnoreNotFound(err)).To(Succeed())
+				return !apierrors.IsNotFound(err)
+			}
+		}
+		// The collector passes every second; the issuer's clock stands still,
+		// so nothing has been ended for the retention yet.
+		Consistently(exists(done), 2500*time.Millisecond, 100*time.Millisecond).Should(BeTrue())
+
+		primary.clock.Step(3 * time.Second)
+		Eventually(exists(done), 10*time.Second, 100*time.Millisecond).Should(BeFalse(), "ended LockGrant kept past the retention")
+		Consistently(exists(unresolved), 2*time.Second, 100*time.Millisecond).Should(BeTrue(), "a LockGrant recording an unresolved write was deleted")
+		Expect(getGrant(ns, holding.Name).Status.Phase).To(Equal(locksv1.PhaseHeld))
+
+		// Resolved: it counts from now.
+		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: unresolved.ObjectMeta}, func(g *locksv1.LockGrant) {
+			delete(g.Annotations, locksv1.AnnotationUnresolvedMutation)
+		})).To(Succeed())
+		Consistently(exists(unresolved), 2*time.Second, 100*time.Millisecond).Should(BeTrue())
+		primary.clock.Step(3 * time.Second)
+		Eventually(exists(unresolved), 10*time.Second, 100*time.Millisecond).Should(BeFalse())
+		Expect(exists(holding)()).To(BeTrue())
+	})
+})
