@@ -77,6 +77,19 @@ func (h *history) call(w *world, r *request, tick int64) int {
 	return len(h.ops) - 1
 }
 
+// decidedAfterLostDelete marks write i as decided while a registry restore
+// had taken back the record of the object's deletion: the flag taken when it
+// left its client is not enough, since a restore may come before the webhook
+// decides it (a replay sent just before the restore re-creates the object).
+func (h *history) decidedAfterLostDelete(i int) {
+	if i < 0 {
+		return
+	}
+	in := h.ops[i].Input.(registerInput)
+	in.AfterLostDelete = true
+	h.ops[i].Input = in
+}
+
 // ret records the answer reaching its client.
 func (h *history) ret(w *world, rp *reply, tick int64) {
 	i := rp.req.historyOp

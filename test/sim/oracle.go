@@ -326,6 +326,7 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 		// from what the restored registry holds (staleness and authentication
 		// against it are still judged above).
 		res.DeletedMemoryLostWrites++
+		o.w.hist.decidedAfterLostDelete(req.historyOp)
 		for k, v := range o.written {
 			o.lostWritten[k] = v
 		}
