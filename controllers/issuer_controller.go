@@ -46,6 +46,8 @@ type GrantIssuerReconciler struct {
 	MaxConcurrentReconciles int
 
 	holds *freshHolds // which LockGrant statuses to write now (freshholds.go)
+	// arrivals: waiters whose registry queue entry was deferred (arrivals.go)
+	arrivals deferredArrivals
 }
 
 // SetupWithManager registers the controller and the LockGrant indexes.
@@ -89,26 +91,30 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, err
 	}
 	in, found, err := r.gather(ctx, req.NamespacedName)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if !found {
+	if err != nil || !found {
+		r.arrivals.forget(req.NamespacedName)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, r.denyOrphans(ctx, req.NamespacedName)
 	}
 	d, err := r.decide(ctx, &in)
 	if err != nil || d.Superseded {
+		r.arrivals.forget(req.NamespacedName)
 		if d.Superseded {
 			ctrl.LoggerFrom(ctx).V(1).Info("a newer issuer epoch owns this resource", "epoch", in.Epoch, "registryEpoch", in.Resource.Status.IssuerEpoch)
 		}
 		return ctrl.Result{}, err
 	}
 	committed, err := r.commit(ctx, in.Resource, &d)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if !committed {
+	if err != nil || !committed {
+		r.arrivals.forget(req.NamespacedName)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
+	r.arrivals.set(req.NamespacedName, d.Deferred)
 	return r.mirror(ctx, &in, &d)
 }
 
@@ -145,6 +151,8 @@ func (r *GrantIssuerReconciler) gather(ctx context.Context, key types.Namespaced
 	return issuing.Input{
 		Resource: fr, Grants: grants, HolderDeleted: holderDeleted, Now: r.Issuer.clock.Now(),
 		Epoch: s.epoch, TakeoverAt: s.takeoverAt, RevokedBelow: s.revokedBelow, Signer: s.signer,
+		// Real time: the issuer's clock may be injected and stand still.
+		Seen: r.arrivals.get(key), SeenNow: time.Now(),
 	}, true, nil
 }
 

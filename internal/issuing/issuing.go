@@ -10,6 +10,7 @@
 //  2. adoptEpoch: a newer issuer epoch takes over and extends held leases.
 //  3. settleHolder: the holder renews, or its grant ends (Ending says why).
 //  4. rebuildQueue: drop requests that can no longer be served, append arrivals FIFO
+//     (deferArrivals leaves them out while they are the only change, QueueDelay)
 //     (each to be confirmed by the caller, see Decision.Unconfirmed).
 //  5. issueToHead: the head of the queue gets the next fence, signed.
 //  6. setConditions: Ready, FenceRegression, Held.
@@ -42,6 +43,11 @@ type Input struct {
 	TakeoverAt    time.Time // when this issuer's epoch began
 	RevokedBelow  int64     // the trust bundle's revokedBelowEpoch
 	Signer        *grant.Signer
+	// Seen is what the previous decision for this resource deferred
+	// (Decision.Deferred); SeenNow the real time it is measured on (zero:
+	// defer nothing).
+	Seen    Arrivals
+	SeenNow time.Time
 }
 
 // Event is an Event to emit once the writes it describes succeeded.
@@ -88,6 +94,10 @@ type Decision struct {
 	// again from what it read when one was. A head confirmed when it was
 	// queued is issued without a read: the handoff's critical path.
 	Unconfirmed []string
+	// Deferred are the arrivals left out of the registry queue for now
+	// (QueueDelay), to pass back as Input.Seen: a caller that commits this
+	// decision keeps it, one that loses the compare-and-swap drops it.
+	Deferred Arrivals
 	// PolicyDenial is set when a request is denied by the FencedResource's
 	// policy; the caller confirms the policy is current before writing it.
 	PolicyDenial bool
@@ -130,12 +140,13 @@ func Decide(in Input) (Decision, error) {
 	}
 	d.Events = append(d.Events, adoptEpoch(v)...)
 	ended := settleHolder(v, &d)
-	rebuildQueue(v, &d)
+	arrivals := rebuildQueue(v, &d)
 	if err := issueToHead(v, &d, len(ended) > 0); err != nil {
 		return Decision{}, err
 	}
 	v.st.PolicyGeneration = fr.Generation
 	d.RequeueAfter = setConditions(v)
+	deferArrivals(v, &d, arrivals)
 	d.Status = v.st
 	d.StatusChanged = !equality.Semantic.DeepEqual(v.st, fr.Status)
 	mirrorGrants(v, &d, ended)

@@ -21,6 +21,11 @@ func mirrorGrants(v *view, d *Decision, ended map[string]locksv1.LockGrantStatus
 		inQueue[q.GrantName] = true
 	}
 	for i := range v.in.Grants {
+		if _, deferred := d.Deferred.FirstSeen[v.in.Grants[i].UID]; deferred {
+			inQueue[v.in.Grants[i].Name] = true // in the registry queue within QueueDelay
+		}
+	}
+	for i := range v.in.Grants {
 		lg := &v.in.Grants[i]
 		want, ok := desiredGrantStatus(v, lg, ended, inQueue)
 		if ok && !SameGrantStatus(lg.Status, want) {

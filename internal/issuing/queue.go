@@ -11,9 +11,12 @@ import (
 )
 
 // rebuildQueue drops queue entries that can no longer be served and appends
-// new arrivals in FIFO order, up to MaxQueueLength, each under its UID; the
-// caller confirms the arrivals were never granted (Decision.Unconfirmed).
-func rebuildQueue(v *view, d *Decision) {
+// new arrivals in FIFO order (by when the issuer first saw them, then by
+// creation), up to MaxQueueLength, each under its UID, and returns those it
+// appended; the caller confirms they were never granted
+// (Decision.Unconfirmed), unless a deferring decision at this registry
+// version did (Input.Seen).
+func rebuildQueue(v *view, d *Decision) []*locksv1.LockGrant {
 	st, in := &v.st, v.in
 	queued := map[string]bool{}
 	keep := st.Queue[:0:0]
@@ -33,22 +36,30 @@ func rebuildQueue(v *view, d *Decision) {
 		}
 	}
 	slices.SortFunc(arrivals, func(a, b *locksv1.LockGrant) int {
+		if sa, sb := in.Seen.firstSeen(a, in.SeenNow), in.Seen.firstSeen(b, in.SeenNow); !sa.Equal(sb) {
+			return sa.Compare(sb)
+		}
 		if arrivedBefore(a, b) {
 			return -1
 		}
 		return 1
 	})
+	appended := arrivals[:0:0]
 	for _, lg := range arrivals {
 		if len(keep) >= locksv1.MaxQueueLength {
 			break
 		}
 		keep = append(keep, locksv1.QueuedGrant{GrantName: lg.Name, Owner: lg.Spec.Owner, GrantUID: string(lg.UID)})
-		d.Unconfirmed = append(d.Unconfirmed, lg.Name)
+		appended = append(appended, lg)
+		if !in.Seen.confirmed(in.Resource, lg) {
+			d.Unconfirmed = append(d.Unconfirmed, lg.Name)
+		}
 	}
 	st.Queue = keep
 	if len(st.Queue) == 0 {
 		st.Queue = nil
 	}
+	return appended
 }
 
 // stillWaiting reports whether lg may still be issued a grant: not leaving,
@@ -96,7 +107,7 @@ func issueToHead(v *view, d *Decision, handoff bool) error {
 	d.Counts.Issued++
 	d.Counts.Waited = sinceNonNegative(in.Now, head.CreationTimestamp.Time)
 	d.IssuedTo = head.Name
-	if !confirmedInQueue(in.Resource.Status.Queue, head) && !slices.Contains(d.Unconfirmed, head.Name) {
+	if !confirmedInQueue(in.Resource.Status.Queue, head) && !in.Seen.confirmed(fr, head) && !slices.Contains(d.Unconfirmed, head.Name) {
 		d.Unconfirmed = append(d.Unconfirmed, head.Name)
 	}
 	// Issuing is routine: the LockGrant status, the registry and the metrics

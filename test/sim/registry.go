@@ -60,7 +60,10 @@ type registry struct {
 	holder       string // digest of the holder after the last decision
 	// staleGrants is the issuer's LockGrant cache until cacheLagUntil
 	// (FaultIssuerCacheLag): LockGrants it holds are seen as they were.
-	staleGrants   []locksv1.LockGrant
+	staleGrants []locksv1.LockGrant
+	// seen is what the issuer's last committed decision deferred from the
+	// registry queue (issuing.QueueDelay); a new leader starts without it.
+	seen          issuing.Arrivals
 	cacheLagUntil time.Time
 	// mirrorLost: that many of the next committed decisions lose their
 	// LockGrant writes (FaultMirrorLost).
@@ -176,7 +179,9 @@ func (r *registry) reconcile() {
 	res, err := issuing.DecideConfirmed(&issuing.Input{
 		Resource: &r.fr, Grants: r.issuerCache(), Now: w.now,
 		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
+		Seen: r.seen, SeenNow: w.now,
 	}, r.readAroundCache)
+	r.seen = issuing.Arrivals{}
 	if err != nil {
 		w.oracle.violation(vSimulator, "the planner failed: %v", err)
 		return
@@ -184,6 +189,7 @@ func (r *registry) reconcile() {
 	if res.Superseded {
 		return
 	}
+	r.seen = res.Deferred
 	if res.StatusChanged {
 		r.fr.Status = res.Status
 		r.frWritten()
@@ -191,6 +197,7 @@ func (r *registry) reconcile() {
 	lost := r.mirrorLost > 0 && res.StatusChanged
 	if lost {
 		r.mirrorLost--
+		r.seen = issuing.Arrivals{} // its memory died with it
 		w.tracef("registry: the issuer died after its CAS; %d LockGrant status write(s) lost", len(res.GrantStatus))
 		res.GrantStatus, res.AddFinalizer, res.RemoveFinalizer = nil, nil, nil
 	}
@@ -310,6 +317,7 @@ func (r *registry) takeOver() {
 	r.outageUntil = time.Time{}
 	r.epoch = max(r.epoch+1, r.revokedBelow)
 	r.takeoverAt = r.w.now
+	r.seen = issuing.Arrivals{}
 	r.w.tracef("registry: issuer epoch %d takes over", r.epoch)
 	r.reconcile()
 }
