@@ -10,35 +10,54 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// A waiter that arrives while the lock is held joins the registry queue with
-// the next compare-and-swap the issuer makes anyway, or after QueueDelay:
-// read around the cache when first seen, not again at the handoff while the
-// registry is still at the version that read was made at.
-func TestDecideDefersArrivals(t *testing.T) {
+var real0 = time.Unix(9000, 0)
+
+// heldWithArrivals: a holds fence 1 (the registry at resourceVersion 101);
+// b and c arrive, c seen first by an earlier decision that lost its
+// compare-and-swap, b now.
+func heldWithArrivals(t *testing.T) (*locksv1.FencedResource, Input) {
+	t.Helper()
 	f := fr(10)
-	grants := []locksv1.LockGrant{lg("a", 0)}
-	real0 := time.Unix(9000, 0)
-	in := Input{Resource: f, Grants: grants, Now: t0.Add(time.Second), Epoch: 1, TakeoverAt: t0, Signer: testSigner(t), SeenNow: real0}
-	apply(t, in) // a holds
+	in := Input{Resource: f, Grants: []locksv1.LockGrant{lg("a", 0)}, Now: t0.Add(time.Second), Epoch: 1, TakeoverAt: t0,
+		Signer: testSigner(t), SeenNow: real0}
+	apply(t, in)
 	if f.Status.Holder == nil || f.Status.Holder.GrantName != "a" {
 		t.Fatalf("a does not hold: %+v", f.Status.Holder)
 	}
 	f.ResourceVersion = "101"
-
-	// b and c arrive; c was seen first by an earlier decision (that lost its
-	// compare-and-swap), b now: FIFO by when the issuer first saw them.
 	in.Grants = append(in.Grants, lg("b", time.Second), lg("c", 2*time.Second))
 	in.Seen = Arrivals{FirstSeen: map[types.UID]time.Time{"uid-c": real0.Add(-100 * time.Millisecond)}}
 	in.SeenNow = real0.Add(50 * time.Millisecond)
+	return f, in
+}
+
+func mustDecide(t *testing.T, in Input) Decision {
+	t.Helper()
 	d, err := Decide(in)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+func queueNames(d Decision) (n []string) {
+	for _, q := range d.Status.Queue {
+		n = append(n, q.GrantName)
+	}
+	return n
+}
+
+// A waiter that arrives while the lock is held is read around the cache at
+// once but joins the registry queue only with the next compare-and-swap, in
+// the order the issuer first saw the waiters.
+func TestDecideDefersArrivals(t *testing.T) {
+	_, in := heldWithArrivals(t)
+	d := mustDecide(t, in)
 	if d.StatusChanged || len(d.Status.Queue) != 0 {
-		t.Fatalf("arrivals alone written at once: changed %t, queue %+v", d.StatusChanged, d.Status.Queue)
+		t.Fatalf("arrivals alone written at once: changed %t, queue %v", d.StatusChanged, queueNames(d))
 	}
 	if !slices.Equal(d.Unconfirmed, []string{"c", "b"}) {
-		t.Fatalf("unconfirmed %v, want both arrivals read now (c first)", d.Unconfirmed)
+		t.Fatalf("unconfirmed %v, want both arrivals read now, c first", d.Unconfirmed)
 	}
 	if d.Deferred.ConfirmedAt != "101" || len(d.Deferred.FirstSeen) != 2 || !d.Deferred.Confirmed["uid-b"] {
 		t.Fatalf("deferred %+v", d.Deferred)
@@ -51,45 +70,41 @@ func TestDecideDefersArrivals(t *testing.T) {
 			t.Fatalf("%s: %q", s.Name, s.Status.Conditions[0].Message)
 		}
 	}
-	seen := d.Deferred
+}
 
-	// a releases: the handoff issues to c, queues b, and reads neither.
+// The handoff that comes next issues to the first waiter and queues the
+// other without reading either again, while the registry is still at the
+// version they were confirmed at; at any other version both are read.
+func TestDecideHandoffUsesDeferredConfirmation(t *testing.T) {
+	f, in := heldWithArrivals(t)
+	in.Seen = mustDecide(t, in).Deferred
 	in.Grants[0].Spec.Release = true
-	in.Seen, in.SeenNow = seen, real0.Add(100*time.Millisecond)
-	if d, err = Decide(in); err != nil {
-		t.Fatal(err)
-	}
-	if !d.StatusChanged || d.Status.Holder == nil || d.Status.Holder.GrantName != "c" || len(d.Status.Queue) != 1 || d.Status.Queue[0].GrantName != "b" {
-		t.Fatalf("handoff: holder %+v, queue %+v", d.Status.Holder, d.Status.Queue)
+	in.SeenNow = real0.Add(100 * time.Millisecond)
+	d := mustDecide(t, in)
+	if h := d.Status.Holder; !d.StatusChanged || h == nil || h.GrantName != "c" || !slices.Equal(queueNames(d), []string{"b"}) {
+		t.Fatalf("handoff: holder %+v, queue %v", h, queueNames(d))
 	}
 	if len(d.Unconfirmed) != 0 || len(d.Deferred.FirstSeen) != 0 {
 		t.Fatalf("handoff read %v again / kept %+v", d.Unconfirmed, d.Deferred)
 	}
-	// The same handoff from a registry at another version: both are read again.
 	f.ResourceVersion = "102"
-	if d, err = Decide(in); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(d.Unconfirmed, []string{"c", "b"}) {
+	if d = mustDecide(t, in); !slices.Equal(d.Unconfirmed, []string{"c", "b"}) {
 		t.Fatalf("unconfirmed %v after the registry moved on", d.Unconfirmed)
 	}
-	f.ResourceVersion = "101"
+}
 
-	// a still holds, QueueDelay passed for c: both join the registry queue now.
-	in.Grants[0].Spec.Release = false
+// With nobody releasing, the waiters join the registry queue once the first
+// has waited QueueDelay; a caller without real time defers nothing.
+func TestDecideQueuesArrivalsAfterQueueDelay(t *testing.T) {
+	_, in := heldWithArrivals(t)
+	in.Seen = mustDecide(t, in).Deferred
 	in.SeenNow = real0.Add(QueueDelay)
-	if d, err = Decide(in); err != nil {
-		t.Fatal(err)
+	d := mustDecide(t, in)
+	if !d.StatusChanged || !slices.Equal(queueNames(d), []string{"c", "b"}) || len(d.Unconfirmed) != 0 {
+		t.Fatalf("after QueueDelay: changed %t, queue %v, unconfirmed %v", d.StatusChanged, queueNames(d), d.Unconfirmed)
 	}
-	if !d.StatusChanged || len(d.Status.Queue) != 2 || d.Status.Queue[0].GrantName != "c" || len(d.Unconfirmed) != 0 {
-		t.Fatalf("after QueueDelay: changed %t, queue %+v, unconfirmed %v", d.StatusChanged, d.Status.Queue, d.Unconfirmed)
-	}
-	// A caller without real time defers nothing.
 	in.Seen, in.SeenNow = Arrivals{}, time.Time{}
-	if d, err = Decide(in); err != nil {
-		t.Fatal(err)
-	}
-	if !d.StatusChanged || len(d.Status.Queue) != 2 {
-		t.Fatalf("without SeenNow: changed %t, queue %+v", d.StatusChanged, d.Status.Queue)
+	if d = mustDecide(t, in); !d.StatusChanged || len(d.Status.Queue) != 2 {
+		t.Fatalf("without SeenNow: changed %t, queue %v", d.StatusChanged, queueNames(d))
 	}
 }

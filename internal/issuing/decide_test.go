@@ -353,21 +353,7 @@ func TestDecideIgnoresEndedGrants(t *testing.T) {
 			}
 		}
 		in.Now = in.Now.Add(time.Second)
-		switch step {
-		case 4:
-			// An ended grant is deleted: it is active again until its finalizer goes.
-			for i := range in.Grants {
-				if in.Grants[i].Status.Phase.Terminal() {
-					in.Grants[i].DeletionTimestamp = &metav1.Time{Time: in.Now}
-					break
-				}
-			}
-		case 6:
-			// A new request arrives, and a twin of an ended request's requestID under another name.
-			nw, twin := lg("f", 9*time.Second), lg("g", 9*time.Second)
-			twin.Spec.RequestID = "req-a"
-			in.Grants = append(in.Grants, nw, twin)
-		}
+		in.Grants = historyEvent(step, in.Grants, in.Now)
 	}
 	if ended == 0 {
 		t.Fatal("no grant ever ended: the test compared nothing")
@@ -376,17 +362,37 @@ func TestDecideIgnoresEndedGrants(t *testing.T) {
 
 // withoutTransitionTimes clears what SetCondition stamps from the wall clock.
 func withoutTransitionTimes(d Decision) Decision {
-	clear := func(cs []metav1.Condition) []metav1.Condition {
+	zero := func(cs []metav1.Condition) []metav1.Condition {
 		cs = slices.Clone(cs)
 		for i := range cs {
 			cs[i].LastTransitionTime = metav1.Time{}
 		}
 		return cs
 	}
-	d.Status.Conditions = clear(d.Status.Conditions)
+	d.Status.Conditions = zero(d.Status.Conditions)
 	d.GrantStatus = slices.Clone(d.GrantStatus)
 	for i := range d.GrantStatus {
-		d.GrantStatus[i].Status.Conditions = clear(d.GrantStatus[i].Status.Conditions)
+		d.GrantStatus[i].Status.Conditions = zero(d.GrantStatus[i].Status.Conditions)
 	}
 	return d
+}
+
+// historyEvent: at step 4 an ended grant is deleted (active again until its
+// finalizer goes); at step 6 a new request arrives, with a twin of an ended
+// request's requestID under another name.
+func historyEvent(step int, grants []locksv1.LockGrant, now time.Time) []locksv1.LockGrant {
+	switch step {
+	case 4:
+		for i := range grants {
+			if grants[i].Status.Phase.Terminal() {
+				grants[i].DeletionTimestamp = &metav1.Time{Time: now}
+				break
+			}
+		}
+	case 6:
+		nw, twin := lg("f", 9*time.Second), lg("g", 9*time.Second)
+		twin.Spec.RequestID = "req-a"
+		grants = append(grants, nw, twin)
+	}
+	return grants
 }

@@ -28,22 +28,7 @@ func rebuildQueue(v *view, d *Decision) []*locksv1.LockGrant {
 			queued[q.GrantName] = true
 		}
 	}
-	var arrivals []*locksv1.LockGrant
-	for i := range in.Grants {
-		lg := &in.Grants[i]
-		if !queued[lg.Name] && !isHolder(in.Resource.Status.Holder, lg) && lg.Status.Phase != locksv1.PhaseHeld && stillWaiting(v, lg) {
-			arrivals = append(arrivals, lg)
-		}
-	}
-	slices.SortFunc(arrivals, func(a, b *locksv1.LockGrant) int {
-		if sa, sb := in.Seen.firstSeen(a, in.SeenNow), in.Seen.firstSeen(b, in.SeenNow); !sa.Equal(sb) {
-			return sa.Compare(sb)
-		}
-		if arrivedBefore(a, b) {
-			return -1
-		}
-		return 1
-	})
+	arrivals := arrivalsOf(v, queued)
 	appended := arrivals[:0:0]
 	for _, lg := range arrivals {
 		if len(keep) >= locksv1.MaxQueueLength {
@@ -60,6 +45,29 @@ func rebuildQueue(v *view, d *Decision) []*locksv1.LockGrant {
 		st.Queue = nil
 	}
 	return appended
+}
+
+// arrivalsOf lists the waiting requests not queued yet, in FIFO order: by
+// when the issuer first saw them, then by creation.
+func arrivalsOf(v *view, queued map[string]bool) []*locksv1.LockGrant {
+	in := v.in
+	var arrivals []*locksv1.LockGrant
+	for i := range in.Grants {
+		lg := &in.Grants[i]
+		if !queued[lg.Name] && !isHolder(in.Resource.Status.Holder, lg) && lg.Status.Phase != locksv1.PhaseHeld && stillWaiting(v, lg) {
+			arrivals = append(arrivals, lg)
+		}
+	}
+	slices.SortFunc(arrivals, func(a, b *locksv1.LockGrant) int {
+		if sa, sb := in.Seen.firstSeen(a, in.SeenNow), in.Seen.firstSeen(b, in.SeenNow); !sa.Equal(sb) {
+			return sa.Compare(sb)
+		}
+		if arrivedBefore(a, b) {
+			return -1
+		}
+		return 1
+	})
+	return arrivals
 }
 
 // stillWaiting reports whether lg may still be issued a grant: not leaving,
