@@ -48,7 +48,7 @@ func stagesOf(s *handoffStages, ended string) []stage {
 		}
 	}
 	mk("issuer's reconcile judged the lease expired (its clock, from the Expired condition)", s.IssuerNoticed)
-	mk("release request answered (merge PATCH of spec.release, LockGrant webhook)", s.ReleaseAnswered)
+	mk("release request answered (merge PATCH of spec.release; the owner skips the webhook)", s.ReleaseAnswered)
 	mk("registry CAS visible (FencedResource fence+1)", s.RegistryCAS)
 	mk("old holder's LockGrant "+ended+" visible", s.HolderReleased)
 	mk("waiter's LockGrant Held visible", s.WaiterHeld)
