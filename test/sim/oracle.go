@@ -159,7 +159,10 @@ func (o *oracle) issuerRuns(r *registry) {
 	if r.epoch > o.reg.epoch && o.reg.deadline.Before(r.takeoverAt.Add(o.reg.ttl)) {
 		o.reg.deadline = r.takeoverAt.Add(o.reg.ttl)
 	}
-	if lg := r.find(o.reg.lockGrant); lg != nil && lg.Spec.Renewals > o.reg.observedRenewals && now.Before(o.reg.deadline) {
+	// A renewal counts from when the issuer can see it: the lease is the
+	// issuer's to judge, on its clock and its view of the LockGrant (a
+	// lagging cache applies a renewal late, and extends from then).
+	if lg := r.issuerSees(o.reg.lockGrant); lg != nil && lg.Spec.Renewals > o.reg.observedRenewals && now.Before(o.reg.deadline) {
 		o.reg.observedRenewals = lg.Spec.Renewals
 		if renewed := now.Add(o.reg.ttl); renewed.After(o.reg.deadline) { // a renewal never shortens a lease
 			o.reg.deadline = renewed

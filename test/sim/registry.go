@@ -265,6 +265,15 @@ func (r *registry) issuerCache() []locksv1.LockGrant {
 	return view
 }
 
+// issuerSees is the LockGrant named name as the issuer sees it, or nil.
+func (r *registry) issuerSees(name string) *locksv1.LockGrant {
+	view := r.issuerCache()
+	if i := slices.IndexFunc(view, func(lg locksv1.LockGrant) bool { return lg.Name == name }); i >= 0 {
+		return &view[i]
+	}
+	return nil
+}
+
 // readAroundCache is the issuer's uncached read of a LockGrant.
 func (r *registry) readAroundCache(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
 	lg := r.find(cached.Name)

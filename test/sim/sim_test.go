@@ -87,11 +87,12 @@ func TestSeedsThatOnceFailed(t *testing.T) {
 	for _, seed := range []uint64{
 		101400872739,                                           // unfenced create in the index-lag window after a delete
 		101400888593, 101400890371, 101400902869, 101400927640, // a restore took back a deletion record
-		101400877037, // applied segment deleted before its answer was resolved
-		486940846494, // object deleted by a newer fence before an old holder resolved its write
-		140094099121, // a write resolved against an incarnation a restore made the registry forget
-		140094083264, // an unanswered re-creation after a restore took back the deletion record
-		717,          // a replay sent just before a restore took back the deletion record, decided after it
+		101400877037,               // applied segment deleted before its answer was resolved
+		486940846494,               // object deleted by a newer fence before an old holder resolved its write
+		140094099121,               // a write resolved against an incarnation a restore made the registry forget
+		140094083264,               // an unanswered re-creation after a restore took back the deletion record
+		717,                        // a replay sent just before a restore took back the deletion record, decided after it
+		451755115361, 451755115527, // a renewal the issuer saw late (its cache lagged) extends the lease from then
 	} {
 		if res := RunSchedule(seed, Config{}); res.Failed() {
 			t.Errorf("%s", res.Describe())
