@@ -87,7 +87,7 @@ func (c *EndedGrantCollector) collect(ctx context.Context) error {
 
 // dueForCollection returns the LockGrants ended for at least retention and
 // the first-seen times to keep for the next pass (only of LockGrants still
-// collectable: the memory is bounded by what the cache holds).
+// collectable and not yet gone: the memory is bounded by what the cache holds).
 func dueForCollection(grants []locksv1.LockGrant, seen map[types.UID]time.Time, now time.Time, retention time.Duration) ([]*locksv1.LockGrant, map[types.UID]time.Time) {
 	next := make(map[types.UID]time.Time, len(seen))
 	var due []*locksv1.LockGrant
@@ -100,11 +100,12 @@ func dueForCollection(grants []locksv1.LockGrant, seen map[types.UID]time.Time, 
 		if !ok {
 			first = now
 		}
+		// Kept while due too: a delete refused for a newer resourceVersion
+		// is tried again next pass, still counted from the first sighting.
+		next[lg.UID] = first
 		if now.Sub(first) >= retention {
 			due = append(due, lg)
-			continue
 		}
-		next[lg.UID] = first
 	}
 	return due, next
 }

@@ -44,8 +44,16 @@ func TestDueForCollection(t *testing.T) {
 	}
 	// The expired one was deleted by someone else meanwhile; the released one is due.
 	due, seen = dueForCollection([]locksv1.LockGrant{released, held, pending, unresolved, deleting}, seen, now.Add(retention), retention)
-	if got := names(due); !slices.Equal(got, []string{"released"}) || len(seen) != 0 {
-		t.Fatalf("at the retention: due %v, remembered %d; want [released], nothing", got, len(seen))
+	if got := names(due); !slices.Equal(got, []string{"released"}) || len(seen) != 1 {
+		t.Fatalf("at the retention: due %v, remembered %d; want [released], remembered until it is gone", got, len(seen))
+	}
+	// Its delete was refused (a newer resourceVersion): still due next pass.
+	if due, _ = dueForCollection([]locksv1.LockGrant{released}, seen, now.Add(retention+time.Second), retention); len(due) != 1 {
+		t.Fatal("a LockGrant whose delete was refused is no longer due")
+	}
+	// Gone: forgotten.
+	if _, seen = dueForCollection(nil, seen, now.Add(retention+time.Second), retention); len(seen) != 0 {
+		t.Fatalf("remembered %d LockGrants that are gone", len(seen))
 	}
 	// Once its unknown write is resolved, the annotated one counts from then.
 	unresolved.Annotations = nil
