@@ -78,10 +78,10 @@ func deferArrivals(v *view, d *Decision, arrivals []*locksv1.LockGrant) {
 		return // the registry is written anyway: they join it now
 	}
 	*st = without
-	d.Deferred = Arrivals{FirstSeen: map[types.UID]time.Time{}, ConfirmedAt: in.Resource.ResourceVersion, Confirmed: map[types.UID]bool{}}
+	// Confirmed is left to DecideConfirmed: only its reads establish it.
+	d.Deferred = Arrivals{FirstSeen: map[types.UID]time.Time{}, ConfirmedAt: in.Resource.ResourceVersion}
 	for _, lg := range arrivals {
 		d.Deferred.FirstSeen[lg.UID] = in.Seen.firstSeen(lg, in.SeenNow)
-		d.Deferred.Confirmed[lg.UID] = true // DecideConfirmed returns only once each is
 	}
 	if d.RequeueAfter == 0 || due < d.RequeueAfter {
 		d.RequeueAfter = due

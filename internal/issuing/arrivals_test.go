@@ -31,9 +31,11 @@ func heldWithArrivals(t *testing.T) (*locksv1.FencedResource, Input) {
 	return f, in
 }
 
+// mustDecide decides as the reconciler does, with a read around the cache
+// that finds each request as cached (never granted).
 func mustDecide(t *testing.T, in Input) Decision {
 	t.Helper()
-	d, err := Decide(in)
+	d, err := DecideConfirmed(&in, func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) { return cached, nil })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
 	for round := 0; ; round++ {
 		d, err := Decide(*in)
 		if err != nil || len(d.Unconfirmed) == 0 {
-			return d, err
+			return confirmDeferred(d), err
 		}
 		changed := false
 		for _, name := range d.Unconfirmed {
@@ -54,7 +54,7 @@ func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
 			}
 		}
 		if !changed {
-			return d, nil
+			return confirmDeferred(d), nil
 		}
 		if round == maxConfirmRounds {
 			return Decision{}, fmt.Errorf("the LockGrant cache keeps disagreeing with the API server about %v", d.Unconfirmed)
@@ -66,4 +66,17 @@ func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
 func neverGranted(cached, fresh *locksv1.LockGrant) bool {
 	return fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
 		fresh.DeletionTimestamp == nil && !fresh.Spec.Release
+}
+
+// confirmDeferred marks the arrivals d deferred as confirmed: each was read
+// around the cache in this call, or confirmed at this registry version before.
+func confirmDeferred(d Decision) Decision {
+	if len(d.Deferred.FirstSeen) == 0 {
+		return d
+	}
+	d.Deferred.Confirmed = make(map[types.UID]bool, len(d.Deferred.FirstSeen))
+	for uid := range d.Deferred.FirstSeen {
+		d.Deferred.Confirmed[uid] = true
+	}
+	return d
 }
