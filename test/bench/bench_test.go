@@ -48,6 +48,7 @@ func TestQuickBench(t *testing.T) {
 	}
 	positive("fencekeeper handoff p99", rep.Handoff.Fencekeeper.P99)
 	positive("raw handoff p99", rep.Handoff.Raw.P99)
+	positive("handoff floor p99", rep.Handoff.Floor.P99)
 	positive("leaderelection handoff p50", rep.Handoff.LeaderElection.P50)
 	positive("expiry handoff p50", rep.Expiry.Fencekeeper.P50)
 	for _, r := range rep.Throughput.Runs {

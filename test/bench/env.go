@@ -44,6 +44,8 @@ type env struct {
 	log    io.Writer
 	users  int
 	mu     sync.Mutex
+	// floor: the custom-resource floor's CRDs and RBAC are installed (floor.go).
+	floor bool
 }
 
 // operatorProcess is the operator under test: cmd/manager as a child process

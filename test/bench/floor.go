@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,9 +21,11 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -87,6 +90,34 @@ func installFloorCRDs(ctx context.Context, admin *rest.Config, root string) erro
 			return fmt.Errorf("CRD %s not established: %w", name, err)
 		}
 	}
+	return nil
+}
+
+// installFloor installs the floor's CRDs and lets workers write them, once
+// per run (the handoff and the throughput phases both use them).
+func (e *env) installFloor(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.floor {
+		return nil
+	}
+	if err := installFloorCRDs(ctx, e.cp.Admin, e.cp.Root()); err != nil {
+		return err
+	}
+	// The floor's clients are workers like the others, allowed the floor group.
+	for _, obj := range []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"}, Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{floorGroup}, Resources: []string{"fencedresources", "fencedresources/status", "lockgrants"},
+			Verbs: []string{"get", "list", "watch", "create", "update", "patch"}}}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "bench-floor-writer"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: localcp.WorkersGroup}}},
+	} {
+		if err := e.admin.Create(ctx, obj); err != nil {
+			return err
+		}
+	}
+	e.floor = true
 	return nil
 }
 

@@ -144,16 +144,18 @@ func (r *report) print(out io.Writer) {
 		row("mechanism", "n", "p50", "p90", "p99", "max")
 		distRow("fencekeeper (lockclient)", h.Fencekeeper)
 		distRow("raw Lease CAS + watch", h.Raw)
-		distRow("prototype client: watch registry, PATCH release*", h.RegistryWatch)
+		distRow("custom-resource floor: 2 writes, 2 hops*", h.Floor)
 		distRow(fmt.Sprintf("leaderelection ReleaseOnCancel (retry %s)", h.LERetryPeriod), h.LeaderElection)
 		row("fencekeeper first 10% / last 10% p99", "", "", "", fmt.Sprintf("%s / %s", fmtF(h.FirstTenthP99), fmtF(h.LastTenthP99)), "")
 		tw.Flush()
-		fmt.Fprintln(out, "  * same operator, a client following the FencedResource status instead of the LockGrant mirror (proposed lockclient change; a quarter of the samples; not judged)")
+		fmt.Fprintf(out, "  * release PATCH → minimal issuer (raw watch, sign, registry CAS) → waiter's registry watch, on copies of the CRDs with real-size objects, no operator (floorhandoff.go; not judged): p50 %s× raw, p99 %s× raw; fencekeeper is %s× / %s× the floor\n",
+			fmtF(ratio(h.Floor.P50, h.Raw.P50)), fmtF(ratio(h.Floor.P99, h.Raw.P99)), fmtF(ratio(h.Fencekeeper.P50, h.Floor.P50)), fmtF(ratio(h.Fencekeeper.P99, h.Floor.P99)))
 		section("   where a fencekeeper handoff's time goes (ms after Release was called)")
 		row("step", "p50", "p99")
 		for _, s := range h.Stages {
 			row(s.Name, s.P50, s.P99)
 		}
+		row("(floor: release request answered)", h.FloorReleaseAnswered.P50, h.FloorReleaseAnswered.P99)
 	}
 	if x := r.Expiry; x != nil {
 		section("2. Expiry handoff: expiresAt (issuer clock) → waiter HELD (ms)")

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -183,25 +181,12 @@ func (r *report) judgeThroughput(t *throughputResult, floor *tputRun, cfg *confi
 // clients as the other runs, each on its own registry object, copying the
 // status of fencekeeper's registry object template.
 func (e *env) floorRun(ctx context.Context, cfg *config, ns, template string) (tputRun, error) {
-	if err := installFloorCRDs(ctx, e.cp.Admin, e.cp.Root()); err != nil {
+	if err := e.installFloor(ctx); err != nil {
 		return tputRun{}, err
 	}
 	var tmpl locksv1.FencedResource
 	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
 		return tputRun{}, err
-	}
-	// The floor's clients are workers like the others, allowed the floor group.
-	for _, obj := range []client.Object{
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"}, Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{floorGroup}, Resources: []string{"fencedresources", "fencedresources/status", "lockgrants"},
-			Verbs: []string{"get", "list", "watch", "create", "update", "patch"}}}},
-		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "bench-floor-writer"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: localcp.WorkersGroup}}},
-	} {
-		if err := e.admin.Create(ctx, obj); err != nil {
-			return tputRun{}, err
-		}
 	}
 	count := &countingTransport{}
 	var cyclers []cycler
