@@ -123,6 +123,20 @@ func (f *freshHolds) wrote(lg *locksv1.LockGrant, status locksv1.LockGrantStatus
 	f.landed[lg.UID] = landing{resourceVersion: lg.ResourceVersion, status: status, at: f.now()}
 }
 
+// ownEcho reports whether lg is the cache delivering a status write of
+// this issuer: its resourceVersion is the one that write produced, so it
+// carries nothing the decision that wrote it did not know. A reconcile for
+// it would decide the same again; skipping it keeps the resource free for
+// the next event that does matter (a release arriving just then waited for
+// the echo's reconcile). An echo that arrives before the write's response
+// is recorded is not recognized and reconciled as before.
+func (f *freshHolds) ownEcho(lg *locksv1.LockGrant) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.landed[lg.UID]
+	return ok && l.resourceVersion == lg.ResourceVersion
+}
+
 // alreadyLanded reports whether s was written already and lg, the cache's
 // view, is older than that write: a final status is never written twice,
 // and another status only when it says something new.

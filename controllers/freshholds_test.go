@@ -6,6 +6,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/issuing"
@@ -203,5 +204,38 @@ func TestFreshHoldsLanded(t *testing.T) {
 	now = now.Add(landedMemory + time.Millisecond)
 	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 1 {
 		t.Fatal("a landing trusted past landedMemory")
+	}
+}
+
+func TestNotOwnEcho(t *testing.T) {
+	f := newFreshHolds(time.Now)
+	pass := notOwnEcho(f)
+	a := waiting("a", 0)
+	a.ResourceVersion = "10"
+	update := func(rv string) event.UpdateEvent {
+		n := a.DeepCopy()
+		n.ResourceVersion = rv
+		return event.UpdateEvent{ObjectOld: &a, ObjectNew: n}
+	}
+	if !pass.Update(update("11")) {
+		t.Fatal("an update skipped before this issuer wrote anything")
+	}
+	written := a.DeepCopy()
+	written.ResourceVersion = "11"
+	f.wrote(written, locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld})
+	if pass.Update(update("11")) {
+		t.Fatal("the echo of our own status write (resourceVersion 11) reconciled")
+	}
+	// Anything after it (the owner's release, a renewal, someone else's write) passes.
+	if !pass.Update(update("12")) {
+		t.Fatal("a later change of the LockGrant skipped")
+	}
+	other := waiting("b", 0)
+	other.ResourceVersion = "11"
+	if !pass.Update(event.UpdateEvent{ObjectOld: &other, ObjectNew: &other}) {
+		t.Fatal("another LockGrant at the same resourceVersion skipped")
+	}
+	if !pass.Create(event.CreateEvent{Object: written}) || !pass.Delete(event.DeleteEvent{Object: written}) {
+		t.Fatal("create or delete events filtered")
 	}
 }

@@ -11,9 +11,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -66,7 +69,7 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(&locksv1.FencedResource{}).
-		Watches(&locksv1.LockGrant{}, toResource).
+		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.holds))).
 		WatchesRawSource(r.Issuer.resyncSource(r.Client)).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
@@ -74,6 +77,15 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 			return o
 		}()).
 		Complete(r)
+}
+
+// notOwnEcho passes every LockGrant event except the cache delivering a
+// status this issuer wrote (freshHolds.ownEcho).
+func notOwnEcho(holds *freshHolds) predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		lg, ok := e.ObjectNew.(*locksv1.LockGrant)
+		return !ok || !holds.ownEcho(lg)
+	}}
 }
 
 // controllerOptions allows several instances of a controller in one process
