@@ -107,7 +107,7 @@ func (e *env) installFloor(ctx context.Context) error {
 	// The floor's clients are workers like the others, allowed the floor group.
 	for _, obj := range []client.Object{
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"}, Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{floorGroup}, Resources: []string{"fencedresources", "fencedresources/status", "lockgrants"},
+			APIGroups: []string{floorGroup}, Resources: []string{"fencedresources", "fencedresources/status", "lockgrants", "lockgrants/status"},
 			Verbs: []string{"get", "list", "watch", "create", "update", "patch"}}}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bench-floor-writer"},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "bench-floor-writer"},

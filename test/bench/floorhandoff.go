@@ -168,6 +168,25 @@ func (f *floorIssuer) cas(ctx context.Context) error {
 	return nil
 }
 
+// mirrorHeld writes status (a real LockGrant's, after fencekeeper's
+// handoffs) to the holder's LockGrant, as fencekeeper's issuer mirrors Held
+// shortly after a grant: the LockGrant the next release patches then has
+// fencekeeper's size and field managers. Not timed.
+func (f *floorIssuer) mirrorHeld(ctx context.Context, name string, status *locksv1.LockGrantStatus) error {
+	lgs := f.dyn.Resource(floorLG).Namespace(f.ns)
+	lg, err := lgs.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
+	if err != nil {
+		return err
+	}
+	lg.Object["status"] = st
+	_, err = lgs.UpdateStatus(ctx, lg, metav1.UpdateOptions{})
+	return err
+}
+
 func (f *floorIssuer) resourceVersion() (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -240,6 +259,10 @@ func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, 
 	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
 		return nil, err
 	}
+	held, err := heldStatusOf(ctx, e.admin, ns, template)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var ws [2]floorWorker
@@ -283,6 +306,9 @@ func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, 
 		return nil, err
 	}
 	if err := queued(holder); err != nil {
+		return nil, err
+	}
+	if err := iss.mirrorHeld(ctx, holder, held); err != nil {
 		return nil, err
 	}
 	type res struct {
@@ -329,6 +355,26 @@ func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, 
 			*answered = append(*answered, released)
 		}
 		holder, fence = name, r.fence
+		if err := iss.mirrorHeld(ctx, holder, held); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
+}
+
+// heldStatusOf is the status of one of resource's LockGrants that carries a
+// grant, as its issuer mirrored it, with the phase set to Held.
+func heldStatusOf(ctx context.Context, kube client.Client, ns, resource string) (*locksv1.LockGrantStatus, error) {
+	var list locksv1.LockGrantList
+	if err := kube.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	for _, lg := range list.Items {
+		if lg.Spec.Resource == resource && lg.Status.Grant != nil {
+			st := lg.Status.DeepCopy()
+			st.Phase = locksv1.PhaseHeld
+			return st, nil
+		}
+	}
+	return nil, fmt.Errorf("no LockGrant of %s carries a grant to copy", resource)
 }
