@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -265,6 +266,9 @@ func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if err := e.observeFloor(ctx, ns); err != nil {
+		return nil, err
+	}
 	var ws [2]floorWorker
 	for i := range ws {
 		rc, owner, err := e.user("floor", localcp.WorkersGroup)
@@ -377,4 +381,30 @@ func heldStatusOf(ctx context.Context, kube client.Client, ns, resource string) 
 		}
 	}
 	return nil, fmt.Errorf("no LockGrant of %s carries a grant to copy", resource)
+}
+
+// observeFloor watches the floor's registry objects and LockGrants in ns
+// from the bench process for as long as ctx lives, decoding every event, as
+// followPhases and followFences watch fencekeeper's during its handoffs: the
+// floor then carries the same measurement load.
+func (e *env) observeFloor(ctx context.Context, ns string) error {
+	dyn, err := dynamic.NewForConfig(e.cp.Admin)
+	if err != nil {
+		return err
+	}
+	for _, gvr := range []schema.GroupVersionResource{floorFR, floorLG} {
+		w, err := dyn.Resource(gvr).Namespace(ns).Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer w.Stop()
+			for ev := range w.ResultChan() {
+				if u, ok := ev.Object.(*unstructured.Unstructured); ok {
+					_, _, _ = unstructured.NestedString(u.Object, "status", "phase")
+				}
+			}
+		}()
+	}
+	return nil
 }
