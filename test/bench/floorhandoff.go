@@ -347,7 +347,13 @@ func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, 
 			return nil, fmt.Errorf("floor release: %w", err)
 		}
 		released := time.Since(t0)
-		r := <-ch
+		var r res
+		select {
+		case r = <-ch:
+		case <-time.After(30 * time.Second):
+			_, err := iss.resourceVersion()
+			return nil, fmt.Errorf("floor handoff %d: the waiter did not hold within 30s of the release (floor issuer: %v)", i, err)
+		}
 		if r.err != nil {
 			return nil, r.err
 		}
