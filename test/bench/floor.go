@@ -134,25 +134,9 @@ type floorLoop struct {
 // newFloorLoop creates the client's registry object (status as template has
 // it, without a holder) and its watch.
 func newFloorLoop(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource, signed *locksv1.Holder) (*floorLoop, error) {
-	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: template.Spec}
-	fr.Spec.ResourceID = ns + "/" + name
-	u, err := toFloor(fr, "FencedResource")
+	created, _, err := createFloorRegistry(ctx, dyn, ns, name, template)
 	if err != nil {
 		return nil, err
-	}
-	created, err := dyn.Resource(floorFR).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("create floor FencedResource: %w", err)
-	}
-	st := template.Status.DeepCopy()
-	st.Holder, st.Queue = nil, nil
-	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
-	if err != nil {
-		return nil, err
-	}
-	created.Object["status"] = status
-	if created, err = dyn.Resource(floorFR).Namespace(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return nil, fmt.Errorf("floor FencedResource status: %w", err)
 	}
 	w, err := dyn.Resource(floorFR).Namespace(ns).Watch(ctx, metav1.ListOptions{
 		FieldSelector: "metadata.name=" + name, ResourceVersion: created.GetResourceVersion()})
@@ -224,15 +208,9 @@ func (f *floorLoop) cas(ctx context.Context, change func(*locksv1.FencedResource
 		return err
 	}
 	change(&st)
-	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	written, err := writeFloorStatus(ctx, f.dyn, f.fr, &st)
 	if err != nil {
 		return err
-	}
-	next := f.fr.DeepCopy()
-	next.Object["status"] = status
-	written, err := f.dyn.Resource(floorFR).Namespace(f.ns).UpdateStatus(ctx, next, metav1.UpdateOptions{})
-	if err != nil {
-		return fmt.Errorf("floor registry CAS: %w", err)
 	}
 	f.fr = written
 	for {
@@ -248,6 +226,42 @@ func (f *floorLoop) cas(ctx context.Context, change func(*locksv1.FencedResource
 			return ctx.Err()
 		}
 	}
+}
+
+// createFloorRegistry creates a floor registry object named name with
+// template's spec and status (without holder and queue), and returns it and
+// its status.
+func createFloorRegistry(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource) (*unstructured.Unstructured, *locksv1.FencedResourceStatus, error) {
+	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: template.Spec}
+	fr.Spec.ResourceID = ns + "/" + name
+	u, err := toFloor(fr, "FencedResource")
+	if err != nil {
+		return nil, nil, err
+	}
+	created, err := dyn.Resource(floorFR).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create floor FencedResource: %w", err)
+	}
+	st := template.Status.DeepCopy()
+	st.Holder, st.Queue = nil, nil
+	written, err := writeFloorStatus(ctx, dyn, created, st)
+	return written, st, err
+}
+
+// writeFloorStatus CASes st onto the floor registry object fr (its
+// resourceVersion is the precondition) and returns what was written.
+func writeFloorStatus(ctx context.Context, dyn dynamic.Interface, fr *unstructured.Unstructured, st *locksv1.FencedResourceStatus) (*unstructured.Unstructured, error) {
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
+	if err != nil {
+		return nil, err
+	}
+	next := fr.DeepCopy()
+	next.Object["status"] = status
+	written, err := dyn.Resource(floorFR).Namespace(fr.GetNamespace()).UpdateStatus(ctx, next, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("floor registry CAS: %w", err)
+	}
+	return written, nil
 }
 
 // toFloor converts one of fencekeeper's objects into the floor group's.

@@ -64,23 +64,12 @@ func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name strin
 	if err != nil {
 		return nil, err
 	}
-	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: template.Spec}
-	fr.Spec.ResourceID = ns + "/" + name
-	u, err := toFloor(fr, "FencedResource")
+	created, st, err := createFloorRegistry(ctx, dyn, ns, name, template)
 	if err != nil {
 		return nil, err
 	}
-	created, err := dyn.Resource(floorFR).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("create floor FencedResource: %w", err)
-	}
-	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, queued: make(chan string, 16),
+	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, st: *st, queued: make(chan string, 16),
 		tmpl: locksv1.Holder{TTLSeconds: int64(template.Spec.LeaseDurationSeconds), OperationRoot: "sha256:" + fmt.Sprintf("%064x", 0)}}
-	f.st = *template.Status.DeepCopy()
-	f.st.Holder, f.st.Queue = nil, nil
-	if err := f.cas(ctx); err != nil {
-		return nil, err
-	}
 	w, err := dyn.Resource(floorLG).Namespace(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
@@ -155,15 +144,9 @@ func (f *floorIssuer) handOff(ctx context.Context) error {
 
 // cas writes the registry status with the resourceVersion last written.
 func (f *floorIssuer) cas(ctx context.Context) error {
-	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&f.st)
+	written, err := writeFloorStatus(ctx, f.dyn, f.fr, &f.st)
 	if err != nil {
 		return err
-	}
-	next := f.fr.DeepCopy()
-	next.Object["status"] = status
-	written, err := f.dyn.Resource(floorFR).Namespace(f.ns).UpdateStatus(ctx, next, metav1.UpdateOptions{})
-	if err != nil {
-		return fmt.Errorf("floor issuer CAS: %w", err)
 	}
 	f.fr = written
 	return nil
