@@ -234,8 +234,43 @@ func (w floorWorker) waitHolder(ctx context.Context, ns, resource, name, rv stri
 // floorHandoffs measures the handoff floor on one registry object whose
 // status copies the FencedResource template (a real one, after fencekeeper's
 // handoffs): holder and waiter alternate between two workers, as in
-// releaseHandoffs.
+// releaseHandoffs. answered collects when each release PATCH was answered.
 func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, warmup, n int, answered *[]time.Duration) ([]time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h, err := e.newFloorHandoff(ctx, ns, resource, template)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.grant(ctx, 0); err != nil {
+		return nil, err
+	}
+	var out []time.Duration
+	for i := 1; i <= warmup+n; i++ {
+		took, released, err := h.sample(ctx, i)
+		if err != nil {
+			return nil, err
+		}
+		if i > warmup {
+			out = append(out, took)
+			*answered = append(*answered, released)
+		}
+	}
+	return out, nil
+}
+
+// floorHandoff is one registry object of the handoff floor, its issuer and
+// two workers; request i is made by worker i%2.
+type floorHandoff struct {
+	ns, resource string
+	ws           [2]floorWorker
+	iss          *floorIssuer
+	held         *locksv1.LockGrantStatus // mirrored onto each new holder
+	holder       string
+	fence        int64
+}
+
+func (e *env) newFloorHandoff(ctx context.Context, ns, resource, template string) (*floorHandoff, error) {
 	if err := e.installFloor(ctx); err != nil {
 		return nil, err
 	}
@@ -247,112 +282,101 @@ func (e *env) floorHandoffs(ctx context.Context, ns, resource, template string, 
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	if err := e.observeFloor(ctx, ns); err != nil {
 		return nil, err
 	}
-	var ws [2]floorWorker
-	for i := range ws {
+	h := &floorHandoff{ns: ns, resource: resource, held: held}
+	var dyns [3]dynamic.Interface
+	var owners [3]string
+	for i := range dyns {
 		rc, owner, err := e.user("floor", localcp.WorkersGroup)
 		if err != nil {
 			return nil, err
 		}
-		dyn, err := dynamic.NewForConfig(rc)
-		if err != nil {
+		if dyns[i], err = dynamic.NewForConfig(rc); err != nil {
 			return nil, err
 		}
-		ws[i] = floorWorker{dyn: dyn, owner: owner}
+		owners[i] = owner
 	}
-	icfg, _, err := e.user("floor-issuer", localcp.WorkersGroup)
-	if err != nil {
+	h.ws = [2]floorWorker{{dyn: dyns[0], owner: owners[0]}, {dyn: dyns[1], owner: owners[1]}}
+	if h.iss, err = startFloorIssuer(ctx, dyns[2], ns, resource, &tmpl); err != nil {
 		return nil, err
 	}
-	idyn, err := dynamic.NewForConfig(icfg)
-	if err != nil {
-		return nil, err
+	return h, nil
+}
+
+// request makes request i and waits until the floor issuer queued it (or
+// granted it, when the lock was free).
+func (h *floorHandoff) request(ctx context.Context, i int) (string, error) {
+	name := fmt.Sprintf("%s-%d", h.resource, i)
+	if err := h.ws[i%2].request(ctx, h.ns, h.resource, name); err != nil {
+		return "", err
 	}
-	iss, err := startFloorIssuer(ctx, idyn, ns, resource, &tmpl)
-	if err != nil {
-		return nil, err
-	}
-	queued := func(name string) error {
-		select {
-		case got := <-iss.queued:
-			if got != name {
-				return fmt.Errorf("floor issuer queued %s, expected %s", got, name)
-			}
-			return nil
-		case <-time.After(30 * time.Second):
-			_, err := iss.resourceVersion()
-			return fmt.Errorf("floor issuer did not see %s within 30s (%v)", name, err)
+	select {
+	case got := <-h.iss.queued:
+		if got != name {
+			return "", fmt.Errorf("floor issuer queued %s, expected %s", got, name)
 		}
+		return name, nil
+	case <-time.After(30 * time.Second):
+		_, err := h.iss.resourceVersion()
+		return "", fmt.Errorf("floor issuer did not see %s within 30s (%v)", name, err)
 	}
-	holder := fmt.Sprintf("%s-0", resource)
-	if err := ws[0].request(ctx, ns, resource, holder); err != nil {
-		return nil, err
+}
+
+// grant makes request i on a free lock: it holds at once.
+func (h *floorHandoff) grant(ctx context.Context, i int) error {
+	name, err := h.request(ctx, i)
+	if err != nil {
+		return err
 	}
-	if err := queued(holder); err != nil {
-		return nil, err
+	h.holder = name
+	return h.iss.mirrorHeld(ctx, name, h.held)
+}
+
+// sample queues request i behind the holder, releases the holder and times
+// the handoff to request i; released is when the release PATCH was answered.
+func (h *floorHandoff) sample(ctx context.Context, i int) (took, released time.Duration, err error) {
+	name, err := h.request(ctx, i)
+	if err != nil {
+		return 0, 0, err
 	}
-	if err := iss.mirrorHeld(ctx, holder, held); err != nil {
-		return nil, err
+	rv, err := h.iss.resourceVersion()
+	if err != nil {
+		return 0, 0, err
 	}
 	type res struct {
 		fence int64
 		at    time.Time
 		err   error
 	}
-	var out []time.Duration
-	var fence int64
-	for i := 1; i <= warmup+n; i++ {
-		next := ws[i%2]
-		name := fmt.Sprintf("%s-%d", resource, i)
-		if err := next.request(ctx, ns, resource, name); err != nil {
-			return nil, err
-		}
-		if err := queued(name); err != nil {
-			return nil, err
-		}
-		rv, err := iss.resourceVersion()
-		if err != nil {
-			return nil, err
-		}
-		watching := make(chan struct{})
-		ch := make(chan res, 1)
-		go func() {
-			f, at, err := next.waitHolder(ctx, ns, resource, name, rv, watching)
-			ch <- res{f, at, err}
-		}()
-		<-watching
-		t0 := time.Now()
-		if err := ws[(i+1)%2].release(ctx, ns, holder); err != nil {
-			return nil, fmt.Errorf("floor release: %w", err)
-		}
-		released := time.Since(t0)
-		var r res
-		select {
-		case r = <-ch:
-		case <-time.After(30 * time.Second):
-			_, err := iss.resourceVersion()
-			return nil, fmt.Errorf("floor handoff %d: the waiter did not hold within 30s of the release (floor issuer: %v)", i, err)
-		}
-		if r.err != nil {
-			return nil, r.err
-		}
-		if fence != 0 && r.fence != fence+1 {
-			return nil, fmt.Errorf("floor handoff %d: fence %d after %d", i, r.fence, fence)
-		}
-		if i > warmup {
-			out = append(out, r.at.Sub(t0))
-			*answered = append(*answered, released)
-		}
-		holder, fence = name, r.fence
-		if err := iss.mirrorHeld(ctx, holder, held); err != nil {
-			return nil, err
-		}
+	watching := make(chan struct{})
+	ch := make(chan res, 1)
+	go func() {
+		f, at, err := h.ws[i%2].waitHolder(ctx, h.ns, h.resource, name, rv, watching)
+		ch <- res{f, at, err}
+	}()
+	<-watching
+	t0 := time.Now()
+	if err := h.ws[(i+1)%2].release(ctx, h.ns, h.holder); err != nil {
+		return 0, 0, fmt.Errorf("floor release: %w", err)
 	}
-	return out, nil
+	released = time.Since(t0)
+	var r res
+	select {
+	case r = <-ch:
+	case <-time.After(30 * time.Second):
+		_, err := h.iss.resourceVersion()
+		return 0, 0, fmt.Errorf("floor handoff %d: the waiter did not hold within 30s of the release (floor issuer: %v)", i, err)
+	}
+	if r.err != nil {
+		return 0, 0, r.err
+	}
+	if h.fence != 0 && r.fence != h.fence+1 {
+		return 0, 0, fmt.Errorf("floor handoff %d: fence %d after %d", i, r.fence, h.fence)
+	}
+	h.holder, h.fence = name, r.fence
+	return r.at.Sub(t0), released, h.iss.mirrorHeld(ctx, name, h.held)
 }
 
 // heldStatusOf is the status of one of resource's LockGrants that carries a
