@@ -167,15 +167,9 @@ func newFloorLoop(ctx context.Context, dyn dynamic.Interface, ns, name string, t
 func (f *floorLoop) cycle(ctx context.Context) error {
 	f.n++
 	name := fmt.Sprintf("%s-%d", f.fr.GetName(), f.n)
-	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns}, Spec: locksv1.LockGrantSpec{
-		Resource: f.fr.GetName(), Owner: f.signed.Owner, RequestID: name, Lease: f.signed.Lease, OperationRoot: f.signed.OperationRoot}}
-	u, err := toFloor(lg, "LockGrant")
+	created, err := createFloorGrant(ctx, f.dyn, f.ns, f.fr.GetName(), name, f.signed.Owner)
 	if err != nil {
 		return err
-	}
-	created, err := f.dyn.Resource(floorLG).Namespace(f.ns).Create(ctx, u, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("floor LockGrant create: %w", err)
 	}
 	h := *f.signed
 	h.GrantName, h.GrantUID, h.RequestID = name, string(created.GetUID()), name
@@ -186,18 +180,49 @@ func (f *floorLoop) cycle(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := f.dyn.Resource(floorLG).Namespace(f.ns).Patch(ctx, name, types.MergePatchType,
-		[]byte(`{"spec":{"release":true}}`), metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("floor release: %w", err)
+	if err := releaseFloorGrant(ctx, f.dyn, f.ns, name); err != nil {
+		return err
 	}
 	return f.cas(ctx, func(st *locksv1.FencedResourceStatus) {
 		st.Holder = nil
-		st.RecentlyEnded = append(st.RecentlyEnded, locksv1.EndedGrant{GrantUID: string(created.GetUID()),
-			Phase: locksv1.PhaseReleased, Reason: locksv1.ReasonReleased})
-		if over := len(st.RecentlyEnded) - locksv1.MaxRecentlyEnded; over > 0 {
-			st.RecentlyEnded = st.RecentlyEnded[over:]
-		}
+		recordFloorRelease(st, string(created.GetUID()))
 	})
+}
+
+// floorOperationRoot is the operationRoot of every floor request.
+var floorOperationRoot = "sha256:" + strings.Repeat("ab", 32)
+
+// createFloorGrant creates the floor LockGrant name for resource, as owner.
+func createFloorGrant(ctx context.Context, dyn dynamic.Interface, ns, resource, name, owner string) (*unstructured.Unstructured, error) {
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: locksv1.LockGrantSpec{
+		Resource: resource, Owner: owner, RequestID: name, Lease: "lease-" + name, OperationRoot: floorOperationRoot}}
+	u, err := toFloor(lg, "LockGrant")
+	if err != nil {
+		return nil, err
+	}
+	created, err := dyn.Resource(floorLG).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("floor LockGrant create: %w", err)
+	}
+	return created, nil
+}
+
+// releaseFloorGrant is the holder's release: one merge patch, as lockclient's.
+func releaseFloorGrant(ctx context.Context, dyn dynamic.Interface, ns, name string) error {
+	if _, err := dyn.Resource(floorLG).Namespace(ns).Patch(ctx, name, types.MergePatchType,
+		[]byte(`{"spec":{"release":true}}`), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("floor release: %w", err)
+	}
+	return nil
+}
+
+// recordFloorRelease records a released grant in the registry status, bounded
+// as the issuer bounds it (issuing.recordEnded).
+func recordFloorRelease(st *locksv1.FencedResourceStatus, uid string) {
+	st.RecentlyEnded = append(st.RecentlyEnded, locksv1.EndedGrant{GrantUID: uid, Phase: locksv1.PhaseReleased, Reason: locksv1.ReasonReleased})
+	if over := len(st.RecentlyEnded) - locksv1.MaxRecentlyEnded; over > 0 {
+		st.RecentlyEnded = st.RecentlyEnded[over:]
+	}
 }
 
 // cas writes the registry status with its last resourceVersion as the
@@ -288,7 +313,7 @@ func floorTemplate(fr *locksv1.FencedResource, owner string) (*locksv1.Holder, e
 	id := strings.Repeat("0", 16)
 	h := &locksv1.Holder{GrantName: "template", GrantUID: "00000000-0000-0000-0000-000000000000", Owner: owner,
 		Lease: "lease-" + id, RequestID: id, FenceToken: fr.Status.FenceToken + 1,
-		OperationRoot: "sha256:" + strings.Repeat("ab", 32), IssuerEpoch: fr.Status.IssuerEpoch, PolicyGeneration: fr.Generation,
+		OperationRoot: floorOperationRoot, IssuerEpoch: fr.Status.IssuerEpoch, PolicyGeneration: fr.Generation,
 		BackendRevision: fr.ResourceVersion, TTLSeconds: int64(fr.Spec.LeaseDurationSeconds), IssuedAt: now.Format(time.RFC3339Nano),
 		ExpiresAt: metav1.NewMicroTime(now.Add(time.Minute))}
 	h.Digest, h.Proof, err = signer.Sign(h.Grant(fr.Spec.ResourceID))

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -69,7 +68,7 @@ func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name strin
 		return nil, err
 	}
 	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, st: *st, queued: make(chan string, 16),
-		tmpl: locksv1.Holder{TTLSeconds: int64(template.Spec.LeaseDurationSeconds), OperationRoot: "sha256:" + fmt.Sprintf("%064x", 0)}}
+		tmpl: locksv1.Holder{TTLSeconds: int64(template.Spec.LeaseDurationSeconds), OperationRoot: floorOperationRoot}}
 	w, err := dyn.Resource(floorLG).Namespace(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
@@ -116,7 +115,7 @@ func (f *floorIssuer) observe(ctx context.Context, typ watch.EventType, lg *unst
 	if !released || h == nil || h.GrantName != lg.GetName() {
 		return nil
 	}
-	recordEndedForFloor(&f.st, locksv1.EndedGrant{GrantUID: h.GrantUID, Phase: locksv1.PhaseReleased, Reason: locksv1.ReasonReleased})
+	recordFloorRelease(&f.st, h.GrantUID)
 	f.st.Holder = nil
 	return f.handOff(ctx)
 }
@@ -177,13 +176,6 @@ func (f *floorIssuer) resourceVersion() (string, error) {
 	return f.fr.GetResourceVersion(), f.err
 }
 
-func recordEndedForFloor(st *locksv1.FencedResourceStatus, e locksv1.EndedGrant) {
-	st.RecentlyEnded = append(st.RecentlyEnded, e)
-	if over := len(st.RecentlyEnded) - locksv1.MaxRecentlyEnded; over > 0 {
-		st.RecentlyEnded = st.RecentlyEnded[over:]
-	}
-}
-
 // floorWorker is a client of the handoff floor with its own identity.
 type floorWorker struct {
 	dyn   dynamic.Interface
@@ -192,19 +184,7 @@ type floorWorker struct {
 
 // request creates a LockGrant on the floor registry.
 func (w floorWorker) request(ctx context.Context, ns, resource, name string) error {
-	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: locksv1.LockGrantSpec{
-		Resource: resource, Owner: w.owner, RequestID: name, Lease: "lease-" + name, OperationRoot: "sha256:" + fmt.Sprintf("%064x", 0)}}
-	u, err := toFloor(lg, "LockGrant")
-	if err != nil {
-		return err
-	}
-	_, err = w.dyn.Resource(floorLG).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
-	return err
-}
-
-// release is the holder's one merge patch.
-func (w floorWorker) release(ctx context.Context, ns, name string) error {
-	_, err := w.dyn.Resource(floorLG).Namespace(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"spec":{"release":true}}`), metav1.PatchOptions{})
+	_, err := createFloorGrant(ctx, w.dyn, ns, resource, name, w.owner)
 	return err
 }
 
@@ -358,8 +338,8 @@ func (h *floorHandoff) sample(ctx context.Context, i int) (took, released time.D
 	}()
 	<-watching
 	t0 := time.Now()
-	if err := h.ws[(i+1)%2].release(ctx, h.ns, h.holder); err != nil {
-		return 0, 0, fmt.Errorf("floor release: %w", err)
+	if err := releaseFloorGrant(ctx, h.ws[(i+1)%2].dyn, h.ns, h.holder); err != nil {
+		return 0, 0, err
 	}
 	released = time.Since(t0)
 	var r res
@@ -412,10 +392,7 @@ func (e *env) observeFloor(ctx context.Context, ns string) error {
 		}
 		go func() {
 			defer w.Stop()
-			for ev := range w.ResultChan() {
-				if u, ok := ev.Object.(*unstructured.Unstructured); ok {
-					_, _, _ = unstructured.NestedString(u.Object, "status", "phase")
-				}
+			for range w.ResultChan() { // decoded by the watch; nothing more to do
 			}
 		}()
 	}
