@@ -91,16 +91,19 @@ var (
 )
 
 func parseEnvelope(s string) (Envelope, error) {
-	dec := newDecoder(s)
-	m, err := members(dec, envelopeRequired, envelopeOptional)
+	sc, err := newScanner(s)
 	if err != nil {
 		return Envelope{}, err
 	}
-	if err := expectEnd(dec); err != nil {
+	m, err := sc.members(envelopeRequired, envelopeOptional)
+	if err != nil {
+		return Envelope{}, err
+	}
+	if err := sc.end(); err != nil {
 		return Envelope{}, err
 	}
 	var e Envelope
-	if e.Grant, err = grant.Decode(m["grant"]); err != nil {
+	if e.Grant, err = grant.Decode([]byte(m["grant"])); err != nil {
 		return Envelope{}, fmt.Errorf("grant: %v", err)
 	}
 	if e.Segment, err = positiveInt("segment", m["segment"]); err != nil {
@@ -119,7 +122,7 @@ func parseEnvelope(s string) (Envelope, error) {
 }
 
 // envelopeStrings decodes and checks operation, payload and proof.
-func envelopeStrings(e *Envelope, m map[string]json.RawMessage) error {
+func envelopeStrings(e *Envelope, m map[string]string) error {
 	var err error
 	if e.Operation, err = jsonString("operation", m["operation"]); err != nil {
 		return err
@@ -170,16 +173,19 @@ func ParseReceipts(s string) ([]Receipt, error) {
 var receiptMembers = []string{"fence", "segment", "operation", "payload", "receipt"}
 
 func parseReceipts(s string) ([]Receipt, error) {
-	dec := newDecoder(s)
-	if err := expectDelim(dec, '['); err != nil {
+	sc, err := newScanner(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := sc.expect('['); err != nil {
 		return nil, err
 	}
 	var rs []Receipt
-	for dec.More() {
+	for empty := sc.closes(']'); !empty; {
 		if len(rs) == MaxReceipts {
 			return nil, fmt.Errorf("more than %d entries", MaxReceipts)
 		}
-		m, err := members(dec, receiptMembers, nil)
+		m, err := sc.members(receiptMembers, nil)
 		if err != nil {
 			return nil, fmt.Errorf("entry %d: %v", len(rs), err)
 		}
@@ -188,14 +194,14 @@ func parseReceipts(s string) ([]Receipt, error) {
 			return nil, fmt.Errorf("entry %d: %v", len(rs), err)
 		}
 		rs = append(rs, r)
+		if !sc.more(']') {
+			break
+		}
 	}
-	if err := expectDelim(dec, ']'); err != nil {
-		return nil, err
-	}
-	return rs, expectEnd(dec)
+	return rs, sc.end()
 }
 
-func receiptOf(m map[string]json.RawMessage) (Receipt, error) {
+func receiptOf(m map[string]string) (Receipt, error) {
 	var r Receipt
 	var err error
 	if r.Fence, err = positiveInt("fence", m["fence"]); err != nil {
