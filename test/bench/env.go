@@ -51,8 +51,11 @@ type env struct {
 // operatorProcess is the operator under test: cmd/manager as a child process
 // (the default: its RSS is its own) or the same code in this process.
 type operatorProcess interface {
-	// Memory reports the operator's memory now.
+	// Memory reports the operator's memory now (RSS, and its Go heap from
+	// its metrics: a scrape, which at 10,000 entries is no small load).
 	Memory() (memSample, error)
+	// RSS reads only the resident set, from /proc: cheap enough to sample often.
+	RSS() (uint64, error)
 	// Metrics scrapes the operator's Prometheus metrics (text format).
 	Metrics(ctx context.Context) (string, error)
 	Stop() error
@@ -399,6 +402,11 @@ func (s *subprocess) Memory() (memSample, error) {
 	return m, nil
 }
 
+func (s *subprocess) RSS() (uint64, error) {
+	m, err := procMemory(s.cmd.Process.Pid)
+	return m.RSS, err
+}
+
 func (s *subprocess) Metrics(ctx context.Context) (string, error) {
 	return httpGet(ctx, "http://"+s.metricsAddr+"/metrics")
 }
@@ -451,6 +459,11 @@ func (p *inProcess) Memory() (memSample, error) {
 	m.Heap = ms.HeapInuse
 	m.Source = "/proc/self/status of the bench process (operator in-process: includes the bench's own clients)"
 	return m, err
+}
+
+func (p *inProcess) RSS() (uint64, error) {
+	m, err := procMemory(os.Getpid())
+	return m.RSS, err
 }
 
 func (p *inProcess) Metrics(ctx context.Context) (string, error) {
