@@ -209,7 +209,7 @@ func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedRe
 			return false, err
 		}
 	}
-	queueDepth.WithLabelValues(fr.Namespace, fr.Name).Set(float64(len(d.Status.Queue)))
+	setPerResource(queueDepth, fr.Namespace, fr.Name, len(d.Status.Queue))
 	grantsIssued.Add(float64(d.Counts.Issued))
 	grantHandoffs.Add(float64(d.Counts.Handoffs))
 	grantExpiries.Add(float64(d.Counts.Expiries))

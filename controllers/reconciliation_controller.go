@@ -59,15 +59,18 @@ func (r *UnresolvedMutationReconciler) SetupWithManager(mgr ctrl.Manager) error 
 // Reconcile sets the FencedResource's ReconciliationRequired condition.
 func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var fr locksv1.FencedResource
-	if err := r.Get(ctx, req.NamespacedName, &fr); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := r.Get(ctx, req.NamespacedName, &fr); apierrors.IsNotFound(err) {
+		setPerResource(overdueMutations, req.Namespace, req.Name, 0)
+		return ctrl.Result{}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
 	var list locksv1.LockGrantList
 	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{unresolvedGrantsIndex: fr.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
 	s := summarizeUnresolved(list.Items, r.Issuer.clock.Now())
-	overdueMutations.WithLabelValues(fr.Namespace, fr.Name).Set(float64(len(s.overdue)))
+	setPerResource(overdueMutations, fr.Namespace, fr.Name, len(s.overdue))
 	was := meta.IsStatusConditionTrue(fr.Status.Conditions, locksv1.ConditionReconciliationRequired)
 	now := len(s.overdue) > 0
 	result := ctrl.Result{RequeueAfter: s.nextDue}

@@ -436,6 +436,10 @@ func testEnvUserConfig(name string) *rest.Config {
 	return u.Config()
 }
 
+// noSeries is what gaugeValue returns when the gauge has no series for the
+// resource (per-resource gauges drop theirs at zero).
+const noSeries = -1.0
+
 // gaugeValue reads one labeled gauge from the controller-runtime registry.
 func gaugeValue(name, namespace, resource string) float64 {
 	families, err := metrics.Registry.Gather()
@@ -454,7 +458,7 @@ func gaugeValue(name, namespace, resource string) float64 {
 			}
 		}
 	}
-	return -1
+	return noSeries
 }
 
 // lockGrantWebhookPath is where the LockGrant webhook is served.
