@@ -151,7 +151,7 @@ func (b *TrustBundle) Verify(g Grant, digest, proof string) error {
 	if !ok {
 		return fmt.Errorf("%w: key %q is not in the trust bundle", ErrForged, keyID)
 	}
-	if !ed25519.Verify(pub, []byte(digest), sig) {
+	if !verifiedSignatures.verify(pub, digest, sig) {
 		return fmt.Errorf("%w: ed25519 signature by key %q is invalid", ErrForged, keyID)
 	}
 	return nil
