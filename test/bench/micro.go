@@ -104,58 +104,12 @@ func (r *report) micro() error {
 		name string
 		fn   func(b *testing.B)
 	}{
-		{"grant verification, first time (canonical digest + Ed25519)", func(b *testing.B) {
-			pub, sig, err := f.signature()
-			if err != nil {
-				b.Fatal(err)
-			}
-			for b.Loop() {
-				if !ed25519.Verify(pub, []byte(f.g.Digest()), sig) {
-					b.Fatal("signature does not verify")
-				}
-			}
-		}},
-		{"grant verification, again (TrustBundle.Verify: digest + remembered signature)", func(b *testing.B) {
-			for b.Loop() {
-				if err := f.bundle.Verify(f.g, f.g.Digest(), f.proof); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}},
-		{"fence.StateOf (parse stored fence + 32-receipt log)", func(b *testing.B) {
-			for b.Loop() {
-				if _, err := fence.StateOf(f.fenceA, f.rcptA); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}},
-		{"fence.PayloadDigest (ConfigMap content)", func(b *testing.B) {
-			for b.Loop() {
-				if _, err := fence.PayloadDigest(f.data); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}},
-		{"fence.Decide (accepting path, includes one Verify)", func(b *testing.B) {
-			for b.Loop() {
-				if d := fence.Decide(f.stored, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
-					b.Fatal(d.Message)
-				}
-			}
-		}},
-		{"webhook floor: StateOf + Verify(stored) + PayloadDigest + Decide", func(b *testing.B) {
-			for b.Loop() {
-				st, _ := fence.StateOf(f.fenceA, f.rcptA)
-				e, _ := fence.ParseEnvelope(st.Accepted)
-				if err := f.bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof); err != nil {
-					b.Fatal(err)
-				}
-				_, _ = fence.PayloadDigest(f.data)
-				if d := fence.Decide(st, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
-					b.Fatal(d.Message)
-				}
-			}
-		}},
+		{"grant verification, first time (canonical digest + Ed25519)", f.benchVerifyFirst},
+		{"grant verification, again (TrustBundle.Verify: digest + remembered signature)", f.benchVerifyAgain},
+		{"fence.StateOf (parse stored fence + 32-receipt log)", f.benchStateOf},
+		{"fence.PayloadDigest (ConfigMap content)", f.benchPayloadDigest},
+		{"fence.Decide (accepting path, includes one Verify)", f.benchDecide},
+		{"webhook floor: StateOf + Verify(stored) + PayloadDigest + Decide", f.benchWebhookFloor},
 	}
 	m := &microResult{}
 	for _, bench := range benches {
@@ -168,4 +122,62 @@ func (r *report) micro() error {
 	}
 	r.Micro = m
 	return nil
+}
+
+func (f *microFixture) benchVerifyFirst(b *testing.B) {
+	pub, sig, err := f.signature()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if !ed25519.Verify(pub, []byte(f.g.Digest()), sig) {
+			b.Fatal("signature does not verify")
+		}
+	}
+}
+
+func (f *microFixture) benchVerifyAgain(b *testing.B) {
+	for b.Loop() {
+		if err := f.bundle.Verify(f.g, f.g.Digest(), f.proof); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func (f *microFixture) benchStateOf(b *testing.B) {
+	for b.Loop() {
+		if _, err := fence.StateOf(f.fenceA, f.rcptA); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func (f *microFixture) benchPayloadDigest(b *testing.B) {
+	for b.Loop() {
+		if _, err := fence.PayloadDigest(f.data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func (f *microFixture) benchDecide(b *testing.B) {
+	for b.Loop() {
+		if d := fence.Decide(f.stored, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
+			b.Fatal(d.Message)
+		}
+	}
+}
+
+func (f *microFixture) benchWebhookFloor(b *testing.B) {
+	for b.Loop() {
+		st, _ := fence.StateOf(f.fenceA, f.rcptA)
+		e, _ := fence.ParseEnvelope(st.Accepted)
+		if err := f.bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof); err != nil {
+			b.Fatal(err)
+		}
+		_, _ = fence.PayloadDigest(f.data)
+		if d := fence.Decide(st, f.attempt, f.reg, f.bundle); d.Verdict != fence.Accepted {
+			b.Fatal(d.Message)
+		}
+	}
 }
