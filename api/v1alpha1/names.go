@@ -32,6 +32,12 @@ const (
 	// renews in the operator namespace, reporting the trust bundle it has
 	// loaded (AnnotationVerifierKeys, AnnotationVerifierRevokedBelow).
 	VerifierLeasePrefix = "fencekeeper-verifier-"
+	// TargetClaimPrefix starts the name of each target claim (see
+	// TargetClaimName); its holderIdentity is "<namespace>/<FencedResource>".
+	TargetClaimPrefix = "fencekeeper-target-"
+	// AnnotationClaimedTarget on a target claim says, for people, which
+	// object it claims: "<namespace>/<TargetKey>".
+	AnnotationClaimedTarget = "fencekeeper.dev/claimed-target"
 	// AnnotationVerifierKeys lists, comma-separated and sorted, the key IDs a
 	// verifier replica trusts right now.
 	AnnotationVerifierKeys = "fencekeeper.dev/trusted-keys"
@@ -80,6 +86,16 @@ const (
 // kind is the same object.
 func TargetKey(group, kind, name string) string {
 	return group + "/" + kind + "/" + name
+}
+
+// TargetClaimName is the name of the Lease, in the operator's namespace,
+// that claims a target for one FencedResource: "fencekeeper-target-" and 40
+// hex digits of SHA-256 over the target's namespace and TargetKey. The
+// FencedResource create webhook creates it, so the API server's name
+// uniqueness decides between creates that race for one target.
+func TargetClaimName(namespace, targetKey string) string {
+	sum := sha256.Sum256([]byte(namespace + "\x00" + targetKey))
+	return TargetClaimPrefix + hex.EncodeToString(sum[:20])
 }
 
 // LockGrantName is the name of the LockGrant requesting resource with

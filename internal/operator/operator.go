@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err := webhooks.SetupLockGrantWebhook(mgr, o.Namespace); err != nil {
 		return fmt.Errorf("LockGrant webhook: %w", err)
 	}
-	if err := webhooks.SetupFencedResourceWebhook(mgr, o.WebhookConfiguration); err != nil {
+	if err := webhooks.SetupFencedResourceWebhook(mgr, o.WebhookConfiguration, o.Namespace); err != nil {
 		return fmt.Errorf("FencedResource webhook: %w", err)
 	}
 	protected, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock)

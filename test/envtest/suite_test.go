@@ -122,7 +122,7 @@ func startWebhookServer() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(webhooks.SetupLockGrantWebhook(mgr, opNamespace)).To(Succeed())
-	Expect(webhooks.SetupFencedResourceWebhook(mgr, locksv1.WebhookConfigurationName)).To(Succeed())
+	Expect(webhooks.SetupFencedResourceWebhook(mgr, locksv1.WebhookConfigurationName, opNamespace)).To(Succeed())
 	_, err = webhooks.SetupProtectedWebhook(mgr, opNamespace, issuerClock)
 	Expect(err).NotTo(HaveOccurred())
 	go func() {

@@ -2,14 +2,17 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/webhooks"
@@ -108,7 +111,8 @@ func (w *world) register() {
 		w.kind = gadgetsGVR
 		w.reg.fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Gadget", Name: objectName}
 	}
-	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName}
+	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Index: apiReader{w.reg}, Writer: claimWriter{},
+		Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName, Namespace: locksv1.DefaultNamespace}
 	admit := EntryAdmitFunc(func(ctx context.Context, fr *locksv1.FencedResource) error {
 		_, err := v.ValidateCreate(ctx, fr)
 		return err
@@ -129,4 +133,16 @@ func (w *world) register() {
 	case !routed:
 		w.oracle.violation(vUncoveredEntry, "entry admitted for %s, whose writes the webhook configuration does not route", w.kind)
 	}
+}
+
+// claimWriter stores the target claim of the schedule's one entry: a
+// schedule has a single entry, so its claim is always free (racing entries
+// are test/envtest's, against the real API server).
+type claimWriter struct{ client.Writer }
+
+func (claimWriter) Create(_ context.Context, obj client.Object, _ ...client.CreateOption) error {
+	if _, ok := obj.(*coordinationv1.Lease); !ok {
+		return fmt.Errorf("the simulator's registry writes only target claims, not %T", obj)
+	}
+	return nil
 }

@@ -1,0 +1,113 @@
+package envtest
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// One object has one registry entry, also when two creates race: the create
+// webhook claims the target with a Lease whose name the API server keeps
+// unique (docs/security.md).
+var _ = Describe("Target claims", func() {
+	entry := func(ns, name, target string) *locksv1.FencedResource {
+		return &locksv1.FencedResource{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: locksv1.FencedResourceSpec{ResourceID: ns + "/" + name, LeaseDurationSeconds: 10,
+				Target: &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: target}},
+		}
+	}
+	claimOf := func(ns, target string) *coordinationv1.Lease {
+		l := &coordinationv1.Lease{}
+		Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace,
+			Name: locksv1.TargetClaimName(ns, locksv1.TargetKey("", "ConfigMap", target))}, l)).To(Succeed())
+		return l
+	}
+
+	It("admits one of two entries created at the same moment for one target", func() {
+		ns := newNamespace()
+		for round := range 20 {
+			target := fmt.Sprintf("t-%d", round)
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i := range 2 {
+				wg.Go(func() { errs[i] = admin.Create(suiteCtx, entry(ns, fmt.Sprintf("e-%d-%d", round, i), target)) })
+			}
+			wg.Wait()
+			admitted := 0
+			for _, err := range errs {
+				if err == nil {
+					admitted++
+					continue
+				}
+				// The loser either saw the winner stored, or its claim fresh.
+				Expect(apierrors.IsInvalid(err) || apierrors.IsConflict(err)).To(BeTrue(), "round %d: %v", round, err)
+			}
+			Expect(admitted).To(Equal(1), "round %d: %v", round, errs)
+			var list locksv1.FencedResourceList
+			Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
+			n := 0
+			for _, fr := range list.Items {
+				if fr.Spec.Target.Name == target {
+					n++
+				}
+			}
+			Expect(n).To(Equal(1), "round %d", round)
+		}
+	})
+
+	It("holds a target for an entry that is not stored for the grace, then lets it go", func() {
+		ns := newNamespace()
+		Expect(admin.Create(suiteCtx, entry(ns, "first", "t"))).To(Succeed())
+		Expect(admin.Delete(suiteCtx, entry(ns, "first", "t"))).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(admin.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: "first"}, &locksv1.FencedResource{}))
+		}).Should(BeTrue())
+		// Its own name takes it back at once.
+		Expect(admin.Create(suiteCtx, entry(ns, "first", "t"))).To(Succeed())
+		Expect(admin.Delete(suiteCtx, entry(ns, "first", "t"))).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(admin.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: "first"}, &locksv1.FencedResource{}))
+		}).Should(BeTrue())
+		// Another entry waits: "first" might be a create still on its way.
+		err := admin.Create(suiteCtx, entry(ns, "second", "t"))
+		Expect(apierrors.IsConflict(err)).To(BeTrue(), "%v", err)
+		Expect(err).To(MatchError(And(ContainSubstring("claimed for FencedResource "+ns+"/first"), ContainSubstring("retry after"))))
+		Expect(*claimOf(ns, "t").Spec.HolderIdentity).To(Equal(ns + "/first"))
+		// Once the claim is older than the grace, it is taken over.
+		old := claimOf(ns, "t")
+		old.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-3 * time.Minute)}
+		Expect(admin.Update(suiteCtx, old)).To(Succeed())
+		Expect(admin.Create(suiteCtx, entry(ns, "second", "t"))).To(Succeed())
+		Expect(*claimOf(ns, "t").Spec.HolderIdentity).To(Equal(ns + "/second"))
+		// And the entry that holds it keeps it, however old the claim.
+		held := claimOf(ns, "t")
+		held.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-time.Hour)}
+		Expect(admin.Update(suiteCtx, held)).To(Succeed())
+		Expect(admin.Create(suiteCtx, entry(ns, "third", "t"))).To(invalidAt("spec.target", "already protected by FencedResource second"))
+	})
+
+	It("leaves no claim behind for a dry run or a refused create", func() {
+		ns := newNamespace()
+		Expect(admin.Create(suiteCtx, entry(ns, "dry", "t"), client.DryRunAll)).To(Succeed())
+		bad := entry(ns, "bad", "t")
+		bad.Spec.Target.Kind = "NoSuchKind"
+		Expect(admin.Create(suiteCtx, bad)).NotTo(Succeed())
+		for _, kind := range []string{"ConfigMap", "NoSuchKind"} {
+			err := admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace,
+				Name: locksv1.TargetClaimName(ns, locksv1.TargetKey("", kind, "t"))}, &coordinationv1.Lease{})
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%s: %v", kind, err)
+		}
+		// The target is free for an entry of another name.
+		Expect(admin.Create(suiteCtx, entry(ns, "real", "t"))).To(Succeed())
+	})
+})

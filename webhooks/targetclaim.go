@@ -1,0 +1,153 @@
+package webhooks
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=fencekeeper-system,resources=leases,verbs=get;create;update
+
+// One object has one registry entry. A check that reads (a LIST of the
+// entries naming the target) is passed by every create whose admission
+// overlaps another's: neither sees the other, which is not stored yet. So
+// the create webhook claims the target with a write the API server
+// serializes: it creates a Lease whose name is derived from the target
+// (locksv1.TargetClaimName) and whose holderIdentity names the entry. Of two
+// racing creates one creates the claim; the other finds it held by an entry
+// that is not stored yet and is refused (Conflict, retry).
+//
+// A claim outlives its entry (deleted, or its create failed after the
+// webhook admitted it); a later create takes it over by compare-and-swap
+// once the entry it names is gone or names another target, and the claim is
+// older than TargetClaimGrace — so that an admitted create that is still on
+// its way to storage is never overtaken.
+
+// TargetClaimGrace is how long a claim whose entry does not exist is kept
+// for that entry's create, admitted and maybe still being stored. The API
+// server stores an admitted create right after its validating webhooks
+// answer (which time out after 5 s) and within its request timeout (60 s by
+// default); two minutes is above both.
+const TargetClaimGrace = 2 * time.Minute
+
+// claimVerdict is what a create does about a target claim held by another entry.
+type claimVerdict int
+
+const (
+	// claimDuplicate: the entry the claim names exists and protects the target.
+	claimDuplicate claimVerdict = iota
+	// claimInFlight: the entry the claim names is not stored (yet), and the
+	// claim is younger than the grace: its create may still land.
+	claimInFlight
+	// claimTakeOver: the claim is stale; take it by compare-and-swap.
+	claimTakeOver
+)
+
+// decideClaim judges a claim held by another entry: holderTargets says
+// whether that entry exists and names this target; acquired is when the
+// claim was last taken.
+func decideClaim(holderTargets bool, acquired, now time.Time, grace time.Duration) claimVerdict {
+	switch {
+	case holderTargets:
+		return claimDuplicate
+	case now.Sub(acquired) < grace:
+		return claimInFlight
+	}
+	return claimTakeOver
+}
+
+// claimTarget takes the target claim of fr for fr, or says why it cannot: a
+// 422 at spec.target when another entry protects the target, a 409 when
+// another entry's create may still land.
+func (v *FencedResourceValidator) claimTarget(ctx context.Context, fr *locksv1.FencedResource) error {
+	key := fr.Spec.Target.Key()
+	name := types.NamespacedName{Namespace: v.Namespace, Name: locksv1.TargetClaimName(fr.Namespace, key)}
+	holder := fr.Namespace + "/" + fr.Name
+	for range 3 {
+		now := metav1.NewMicroTime(time.Now()) // claims age on the wall clock, like Leases
+		claim := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name,
+				Labels:      map[string]string{"app.kubernetes.io/managed-by": "fencekeeper", "app.kubernetes.io/component": "target-claim"},
+				Annotations: map[string]string{locksv1.AnnotationClaimedTarget: fr.Namespace + "/" + key}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), AcquireTime: &now},
+		}
+		err := v.Writer.Create(ctx, claim)
+		if err == nil || !apierrors.IsAlreadyExists(err) {
+			return wrapClaimErr(err, name)
+		}
+		if err := v.Reader.Get(ctx, name, claim); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return wrapClaimErr(err, name)
+		}
+		current := ptr.Deref(claim.Spec.HolderIdentity, "")
+		if current == holder {
+			// This entry's own claim: a retried create, or an entry re-created
+			// under its name (the API server refuses the create if it exists).
+			return nil
+		}
+		holderTargets, err := v.entryTargets(ctx, current, key)
+		if err != nil {
+			return err
+		}
+		acquired := claim.CreationTimestamp.Time
+		if claim.Spec.AcquireTime != nil {
+			acquired = claim.Spec.AcquireTime.Time
+		}
+		switch decideClaim(holderTargets, acquired, now.Time, v.claimGrace()) {
+		case claimDuplicate:
+			return invalidFencedResource(fr, validateUniqueTarget(fr, []locksv1.FencedResource{{
+				ObjectMeta: metav1.ObjectMeta{Name: strings.TrimPrefix(current, fr.Namespace+"/")},
+				Spec:       locksv1.FencedResourceSpec{Target: fr.Spec.Target}}}))
+		case claimInFlight:
+			return apierrors.NewConflict(locksv1.GroupVersion.WithResource("fencedresources").GroupResource(), fr.Name, fmt.Errorf(
+				"%s %s was claimed for FencedResource %s at %s and that entry is not stored (yet): its create may still land; one object has one registry entry, retry after %s",
+				fr.Spec.Target.Kind, fr.Spec.Target.Name, current, acquired.UTC().Format(time.RFC3339), acquired.Add(v.claimGrace()).UTC().Format(time.RFC3339)))
+		}
+		claim.Spec.HolderIdentity, claim.Spec.AcquireTime = ptr.To(holder), &now
+		if err := v.Writer.Update(ctx, claim); err == nil || !apierrors.IsConflict(err) {
+			return wrapClaimErr(err, name)
+		}
+	}
+	return apierrors.NewConflict(locksv1.GroupVersion.WithResource("fencedresources").GroupResource(), fr.Name,
+		fmt.Errorf("the claim %s of %s %s kept changing; retry", name, fr.Spec.Target.Kind, fr.Spec.Target.Name))
+}
+
+// entryTargets reads the entry holder ("<namespace>/<name>") around the cache
+// and says whether it exists and names the target key.
+func (v *FencedResourceValidator) entryTargets(ctx context.Context, holder, key string) (bool, error) {
+	ns, name, ok := strings.Cut(holder, "/")
+	if !ok {
+		return false, nil
+	}
+	var other locksv1.FencedResource
+	if err := v.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &other); apierrors.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("read FencedResource %s, which claims the target: %w", holder, err)
+	}
+	return other.Spec.Target != nil && other.Spec.Target.Key() == key, nil
+}
+
+func wrapClaimErr(err error, name types.NamespacedName) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("claim the target (Lease %s; the operator needs create, get and update on leases in its namespace): %w", name, err)
+}
+
+func (v *FencedResourceValidator) claimGrace() time.Duration {
+	if v.ClaimGrace > 0 {
+		return v.ClaimGrace
+	}
+	return TargetClaimGrace
+}
