@@ -248,7 +248,8 @@ func (k *keyRotator) switchSigner(ctx context.Context, s rotationState, sec *cor
 
 func (k *keyRotator) verifiers(ctx context.Context) ([]locksv1.VerifierReport, error) {
 	var leases coordinationv1.LeaseList
-	if err := k.reader.List(ctx, &leases, client.InNamespace(k.issuer.namespace)); err != nil {
+	if err := k.reader.List(ctx, &leases, client.InNamespace(k.issuer.namespace),
+		client.MatchingLabels{locksv1.LabelComponent: locksv1.ComponentVerifier}); err != nil {
 		return nil, fmt.Errorf("list verifier leases: %w", err)
 	}
 	now := time.Now() // leases are renewed on the wall clock

@@ -76,7 +76,7 @@ func (v *FencedResourceValidator) claimTarget(ctx context.Context, fr *locksv1.F
 		now := metav1.NewMicroTime(time.Now()) // claims age on the wall clock, like Leases
 		claim := &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name,
-				Labels:      map[string]string{"app.kubernetes.io/managed-by": "fencekeeper", "app.kubernetes.io/component": "target-claim"},
+				Labels:      map[string]string{"app.kubernetes.io/managed-by": "fencekeeper", locksv1.LabelComponent: locksv1.ComponentTargetClaim},
 				Annotations: map[string]string{locksv1.AnnotationClaimedTarget: fr.Namespace + "/" + key}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), AcquireTime: &now},
 		}

@@ -156,9 +156,14 @@ func (r *VerifierReporter) Report(ctx context.Context) error {
 	}
 	create := apierrors.IsNotFound(err)
 	if create {
-		lease = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: name,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper", "app.kubernetes.io/component": "verifier"}}}
+		lease = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: name}}
 	}
+	// On every write: readers list verifier Leases by this label.
+	if lease.Labels == nil {
+		lease.Labels = map[string]string{}
+	}
+	lease.Labels["app.kubernetes.io/managed-by"] = "fencekeeper"
+	lease.Labels[locksv1.LabelComponent] = locksv1.ComponentVerifier
 	if lease.Annotations == nil {
 		lease.Annotations = map[string]string{}
 	}

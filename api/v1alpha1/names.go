@@ -35,6 +35,12 @@ const (
 	// TargetClaimPrefix starts the name of each target claim (see
 	// TargetClaimName); its holderIdentity is "<namespace>/<FencedResource>".
 	TargetClaimPrefix = "fencekeeper-target-"
+	// LabelComponent tells the operator's Leases in its namespace apart:
+	// ComponentVerifier (one per webhook replica) or ComponentTargetClaim
+	// (one per protected object), so each reader lists only its own.
+	LabelComponent       = "app.kubernetes.io/component"
+	ComponentVerifier    = "verifier"
+	ComponentTargetClaim = "target-claim"
 	// AnnotationClaimedTarget on a target claim says, for people, which
 	// object it claims: "<namespace>/<TargetKey>".
 	AnnotationClaimedTarget = "fencekeeper.dev/claimed-target"

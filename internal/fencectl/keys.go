@@ -276,7 +276,7 @@ func (o *options) loadKeys(ctx context.Context, ns string) (keysView, error) {
 	}
 	v.Steps = stepsOf(v.Rotation)
 	var leases coordinationv1.LeaseList
-	if err := kube.List(ctx, &leases, client.InNamespace(ns)); err != nil {
+	if err := kube.List(ctx, &leases, client.InNamespace(ns), client.MatchingLabels{locksv1.LabelComponent: locksv1.ComponentVerifier}); err != nil {
 		return v, explainAPI(err, "verifier Leases in "+ns)
 	}
 	now := time.Now()
