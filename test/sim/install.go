@@ -9,6 +9,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -102,6 +103,39 @@ func uncoveredKindSchedule(seed uint64, cfg Config) bool {
 	return n > 0 && rand.New(rand.NewPCG(seed, 0x6b696e64)).IntN(n) == 0
 }
 
+// twinPlan is how a co-tenant's second entry for the schedule's object
+// races the first (test/envtest's targetclaim_test.go races real ones).
+type twinPlan int
+
+const (
+	twinNone twinPlan = iota
+	// twinInFlight: the second is admitted while the first is admitted but
+	// not stored (their admissions overlap), and retried once it is.
+	twinInFlight
+	// twinAfter: the second comes after the first is stored, before the
+	// webhook's cache has seen it.
+	twinAfter
+	// twinAfterCached: after, and the cache has seen the first.
+	twinAfterCached
+)
+
+// twinEntryOneIn: by default one schedule in this many has a twin entry.
+const twinEntryOneIn = 20
+
+// twinSchedule decides from the seed alone, on a stream of its own, whether
+// and how this schedule's entry gets a twin.
+func twinSchedule(seed uint64, cfg Config) twinPlan {
+	n := cfg.TwinEntryOneIn
+	if n == 0 {
+		n = twinEntryOneIn
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x7477696e))
+	if n <= 0 || rng.IntN(n) != 0 {
+		return twinNone
+	}
+	return twinPlan(1 + rng.IntN(3))
+}
+
 // register creates the schedule's FencedResource through the real
 // FencedResource webhook. A refused entry ends the schedule: there is
 // nothing to lock. The model's own routing says what the entry would protect.
@@ -111,7 +145,7 @@ func (w *world) register() {
 		w.kind = gadgetsGVR
 		w.reg.fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Gadget", Name: objectName}
 	}
-	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Index: apiReader{w.reg}, Writer: claimWriter{},
+	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Index: entryIndex{apiReader{w.reg}}, Writer: claimStore{r: w.reg},
 		Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName, Namespace: locksv1.DefaultNamespace}
 	admit := EntryAdmitFunc(func(ctx context.Context, fr *locksv1.FencedResource) error {
 		_, err := v.ValidateCreate(ctx, fr)
@@ -120,7 +154,19 @@ func (w *world) register() {
 	if w.cfg.EntryAdmission != nil {
 		admit = w.cfg.EntryAdmission(admit)
 	}
+	// Admitted, not stored yet: the API server stores a create after its
+	// webhooks answer, and a cache learns of it after that.
+	w.reg.frUnstored, w.reg.indexBehind = true, true
 	err := admit(context.Background(), w.reg.fr.DeepCopy())
+	if err == nil && w.twin == twinInFlight {
+		w.createTwin(admit, true)
+	}
+	w.reg.frUnstored = false
+	if err == nil && w.twin != twinNone {
+		w.reg.indexBehind = w.twin != twinAfterCached
+		w.createTwin(admit, false)
+	}
+	w.reg.indexBehind = false
 	routed := apiServerRoutes(w.webhooks, w.kind, admissionv1.Create) && apiServerRoutes(w.webhooks, w.kind, admissionv1.Update) &&
 		apiServerRoutes(w.webhooks, w.kind, admissionv1.Delete)
 	switch {
@@ -135,14 +181,62 @@ func (w *world) register() {
 	}
 }
 
-// claimWriter stores the target claim of the schedule's one entry: a
-// schedule has a single entry, so its claim is always free (racing entries
-// are test/envtest's, against the real API server).
-type claimWriter struct{ client.Writer }
+// createTwin has a co-tenant create a second entry for the schedule's
+// object (inFlight: while the first is admitted but not stored). One object
+// has one entry: admitted, it is stored and reported.
+func (w *world) createTwin(admit EntryAdmitFunc, inFlight bool) {
+	if w.reg.twin != nil {
+		return // admitted already (and reported)
+	}
+	w.res.TwinEntries++
+	if inFlight {
+		w.res.TwinsInFlight++
+	}
+	twin := w.reg.fr.DeepCopy()
+	twin.Name, twin.UID, twin.Spec.ResourceID = resourceName+"-twin", "fr-twin-uid", resourceID+"-twin"
+	if err := admit(context.Background(), twin.DeepCopy()); err != nil {
+		w.res.TwinsRefused++
+		w.tracef("registry: second entry %s for %s refused: %v", twin.Name, objectName, err)
+		return
+	}
+	w.reg.twin = twin
+	w.oracle.violation(vTwinEntry, "second entry %s admitted for %s, which %s protects (first entry stored: %t)",
+		twin.Name, objectName, w.reg.fr.Name, !inFlight)
+}
 
-func (claimWriter) Create(_ context.Context, obj client.Object, _ ...client.CreateOption) error {
-	if _, ok := obj.(*coordinationv1.Lease); !ok {
+// claimStore is the API server's store of target claims (Leases): a name
+// is created once, and an update must carry the current resourceVersion.
+type claimStore struct {
+	client.Writer
+	r *registry
+}
+
+func (s claimStore) Create(_ context.Context, obj client.Object, _ ...client.CreateOption) error {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
 		return fmt.Errorf("the simulator's registry writes only target claims, not %T", obj)
 	}
+	if _, taken := s.r.claims[l.Name]; taken && !s.r.w.cfg.unnamedClaims {
+		return apierrors.NewAlreadyExists(coordinationv1.Resource("leases"), l.Name)
+	}
+	l.ResourceVersion, l.CreationTimestamp = s.r.revision(), metav1.Now()
+	s.r.claims[l.Name] = l.DeepCopy()
+	return nil
+}
+
+func (s claimStore) Update(_ context.Context, obj client.Object, _ ...client.UpdateOption) error {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return fmt.Errorf("the simulator's registry writes only target claims, not %T", obj)
+	}
+	cur, found := s.r.claims[l.Name]
+	switch {
+	case !found:
+		return apierrors.NewNotFound(coordinationv1.Resource("leases"), l.Name)
+	case cur.ResourceVersion != l.ResourceVersion:
+		return apierrors.NewConflict(coordinationv1.Resource("leases"), l.Name, fmt.Errorf("resourceVersion %s is not %s", l.ResourceVersion, cur.ResourceVersion))
+	}
+	l.ResourceVersion = s.r.revision()
+	s.r.claims[l.Name] = l.DeepCopy()
 	return nil
 }

@@ -112,6 +112,7 @@ const (
 	vPlantedObserved
 	vUnknownMisresolved
 	vUncoveredEntry
+	vTwinEntry
 	vGrantedTwice
 	vLiveness
 	vNotLinearizable
@@ -125,7 +126,8 @@ var violationNames = [...]string{"accepted stale write", "accepted forged/tamper
 	"accepted write with a wrong receipt log", "deletion not declared by the current holder",
 	"write that drops the protection label or annotation landed", "planted receipts inherited by an accepted write",
 	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly",
-	"registry entry admitted for a kind the webhook does not see", "LockGrant granted twice", "liveness",
+	"registry entry admitted for a kind the webhook does not see",
+	"second registry entry admitted for one object", "LockGrant granted twice", "liveness",
 	"history not linearizable", "simulator error"}
 
 // Violation is one broken rule in one schedule.

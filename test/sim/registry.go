@@ -10,6 +10,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,8 +40,17 @@ var issuerKey = sync.OnceValue(func() *grant.Signer {
 // decides with the issuer's real decision (issuing.Decide) whenever something changed,
 // as the reconciler does on a watch event or its requeue.
 type registry struct {
-	w      *world
-	fr     locksv1.FencedResource
+	w  *world
+	fr locksv1.FencedResource
+	// frUnstored: fr is admitted but not stored yet (only while register
+	// runs); twin: a second entry for the object, stored when admitted.
+	frUnstored bool
+	twin       *locksv1.FencedResource
+	// claims are the target-claim Leases, by name.
+	claims map[string]*coordinationv1.Lease
+	// indexBehind: the webhook's cache does not know the stored entries yet.
+	indexBehind bool
+
 	grants []locksv1.LockGrant
 	rv     int64 // the backend's revision counter
 	uids   int
@@ -80,7 +90,7 @@ type snapshot struct {
 }
 
 func newRegistry(w *world) *registry {
-	r := &registry{w: w, signer: issuerKey(), epoch: 1, takeoverAt: w.now, lastSnapshot: w.now}
+	r := &registry{w: w, signer: issuerKey(), epoch: 1, takeoverAt: w.now, lastSnapshot: w.now, claims: map[string]*coordinationv1.Lease{}}
 	r.fr = locksv1.FencedResource{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: resourceName, UID: "fr-uid", Generation: 1},
 		Spec: locksv1.FencedResourceSpec{
@@ -448,8 +458,15 @@ var _ client.Reader = apiReader{}
 func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
 	switch o := obj.(type) {
 	case *locksv1.FencedResource:
-		if key.Namespace == a.r.fr.Namespace && key.Name == a.r.fr.Name {
-			a.r.fr.DeepCopyInto(o)
+		for _, fr := range a.r.storedEntries() {
+			if key.Namespace == fr.Namespace && key.Name == fr.Name {
+				fr.DeepCopyInto(o)
+				return nil
+			}
+		}
+	case *coordinationv1.Lease:
+		if c, ok := a.r.claims[key.Name]; ok && key.Namespace == locksv1.DefaultNamespace {
+			c.DeepCopyInto(o)
 			return nil
 		}
 	case *corev1.Namespace:
@@ -484,8 +501,34 @@ func (a apiReader) List(_ context.Context, list client.ObjectList, _ ...client.L
 	if !ok {
 		return fmt.Errorf("the simulated API server lists only FencedResources")
 	}
-	l.Items = []locksv1.FencedResource{*a.r.fr.DeepCopy()}
+	l.Items = nil
+	for _, fr := range a.r.storedEntries() {
+		l.Items = append(l.Items, *fr.DeepCopy())
+	}
 	return nil
+}
+
+// storedEntries are the FencedResources the API server has stored.
+func (r *registry) storedEntries() []*locksv1.FencedResource {
+	var out []*locksv1.FencedResource
+	if !r.frUnstored {
+		out = append(out, &r.fr)
+	}
+	if r.twin != nil {
+		out = append(out, r.twin)
+	}
+	return out
+}
+
+// entryIndex is the FencedResource webhook's cache, indexed by target.
+type entryIndex struct{ apiReader }
+
+func (i entryIndex) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if l, ok := list.(*locksv1.FencedResourceList); ok && i.r.indexBehind {
+		l.Items = nil
+		return nil
+	}
+	return i.apiReader.List(ctx, list, opts...)
 }
 
 // indexReader is the webhook's cache: its target index knows nothing while

@@ -38,6 +38,14 @@ type Config struct {
 	// UncoveredKindOneIn: one schedule in this many registers a kind the
 	// webhook configuration does not route (0: the default, 50; -1: none).
 	UncoveredKindOneIn int
+	// TwinEntryOneIn: in one schedule in this many a co-tenant creates a
+	// second entry for the same object, while the first is being stored or
+	// after (0: the default, 20; -1: none).
+	TwinEntryOneIn int
+	// unnamedClaims: the API server stores every target claim, as if two
+	// objects could share a name: the webhook's rule before target claims
+	// (a lookup, which overlapping creates both pass). Tests only.
+	unnamedClaims bool
 	// Trace records one line per event (slow: for replaying a seed).
 	Trace bool
 	// StopAtFirstViolation ends a schedule at its first violation.
@@ -76,6 +84,12 @@ type Counters struct {
 	// FencedResource webhook refused.
 	UncoveredEntries int64
 	EntriesRefused   int64
+	// TwinEntries: second entries a co-tenant created for the schedule's
+	// object (TwinsInFlight of them while the first was admitted but not
+	// stored); TwinsRefused: those the FencedResource webhook refused.
+	TwinEntries   int64
+	TwinsInFlight int64
+	TwinsRefused  int64
 
 	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
 	UnknownApplied       int64
@@ -139,6 +153,9 @@ func (c *Counters) add(o *Counters) {
 	c.StaleGrantsRead += o.StaleGrantsRead
 	c.UncoveredEntries += o.UncoveredEntries
 	c.EntriesRefused += o.EntriesRefused
+	c.TwinEntries += o.TwinEntries
+	c.TwinsInFlight += o.TwinsInFlight
+	c.TwinsRefused += o.TwinsRefused
 	c.UnknownOutcomes += o.UnknownOutcomes
 	c.UnknownApplied += o.UnknownApplied
 	c.UnknownAbsent += o.UnknownAbsent

@@ -246,3 +246,23 @@ func TestUncoveredKindEntries(t *testing.T) {
 	}
 	t.Logf("admitted anyway: violations %v; first: %s", rep.Violated, rep.Failed[0].Describe())
 }
+
+// TestTwinEntries: a co-tenant's second entry for the schedule's object is
+// refused by the real FencedResource webhook whether it races the first
+// entry's admission or comes after; with the rule before target claims (a
+// lookup, modelled by claims the API server stores under any name), the
+// oracle reports the twins admitted while the first entry was being stored.
+func TestTwinEntries(t *testing.T) {
+	rep := Run(1, 300, 0, Config{TwinEntryOneIn: 1}, nil)
+	if rep.TwinEntries < rep.Schedules || rep.TwinsRefused != rep.TwinEntries || rep.TwinsInFlight == 0 || rep.FailedCount > 0 {
+		t.Fatalf("%d schedules: %d twins tried (%d in flight), %d refused, %d failed (violations %v)",
+			rep.Schedules, rep.TwinEntries, rep.TwinsInFlight, rep.TwinsRefused, rep.FailedCount, rep.Violated)
+	}
+	t.Logf("%d twins tried, %d in flight, all refused", rep.TwinEntries, rep.TwinsInFlight)
+
+	rep = Run(1, 300, 0, Config{TwinEntryOneIn: 1, unnamedClaims: true}, nil)
+	if rep.Violated[vTwinEntry] == 0 || rep.Violated[vTwinEntry] < rep.TwinsInFlight {
+		t.Fatalf("without name uniqueness: %d twins admitted of %d tried (%d in flight)", rep.Violated[vTwinEntry], rep.TwinEntries, rep.TwinsInFlight)
+	}
+	t.Logf("without name uniqueness: %d of %d twins admitted; first: %s", rep.Violated[vTwinEntry], rep.TwinEntries, rep.Failed[0].Describe())
+}

@@ -157,6 +157,9 @@ type world struct {
 	webhooks  *admissionregistrationv1.ValidatingWebhookConfiguration
 	kind      schema.GroupVersionResource
 	uncovered bool
+	// twin: how a co-tenant's second entry for the object races this one
+	// (twinNone: it does not).
+	twin twinPlan
 	// entryRefused: the FencedResource webhook refused the schedule's entry,
 	// which ends the schedule.
 	entryRefused bool
@@ -183,7 +186,8 @@ type action struct {
 
 func newWorld(seed uint64, cfg Config) *world {
 	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simStart,
-		envelopes: map[string]parsedEnvelope{}, webhooks: installedWebhooks(), kind: configMapsGVR, uncovered: uncoveredKindSchedule(seed, cfg)}
+		envelopes: map[string]parsedEnvelope{}, webhooks: installedWebhooks(), kind: configMapsGVR, uncovered: uncoveredKindSchedule(seed, cfg),
+		twin: twinSchedule(seed, cfg)}
 	w.clock = testingclock.NewFakeClock(w.now)
 	w.res = &Result{Seed: seed}
 	w.res.Counters.init()
