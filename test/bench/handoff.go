@@ -108,19 +108,24 @@ type acquired struct {
 // holder A releases (lockclient Lock.Release) while waiter B is queued
 // (Pending) and following its LockGrant; the sample ends when B's Acquire
 // returns HELD with fence+1. Holder and waiter alternate between two workers.
-func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, warmup, n int, stages *handoffStages) ([]time.Duration, error) {
+// ph follows the namespace's LockGrants and FencedResources; nil starts
+// followers of its own (each begins with a LIST of the namespace).
+func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, ph *phases, warmup, n int, stages *handoffStages) ([]time.Duration, error) {
 	if err := e.fencedResource(ctx, ns, resource, 60, ""); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ph, err := e.followPhases(ctx, ns)
-	if err != nil {
-		return nil, err
+	if ph == nil {
+		var err error
+		if ph, err = e.followPhases(ctx, ns); err != nil {
+			return nil, err
+		}
+		if err := e.followFences(ctx, ns, ph); err != nil {
+			return nil, err
+		}
 	}
-	if err := e.followFences(ctx, ns, ph); err != nil {
-		return nil, err
-	}
+	var err error
 	var workers [2]*signalledWorker
 	for i := range workers {
 		if workers[i], err = e.signalledWorker(ctx, ns); err != nil {

@@ -93,7 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.webhookSamples, "webhook-samples", 300, "Updates measured per kind (protected, unprotected) at each rate.")
 	fs.StringVar(&sizes, "scale", "1000,10000", "FencedResource counts of the scale runs, each with an active grant.")
 	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 600, "Release handoffs measured at each scale size.")
-	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 600, "Protected and unprotected updates measured at each scale size.")
+	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 2000, "Protected and unprotected updates measured at each scale size.")
 	fs.IntVar(&c.loaders, "loaders", 8, "Parallel clients creating the scale runs' FencedResources and grants.")
 	fs.IntVar(&c.ntEntries, "nontarget-entries", 10000, "FencedResources (each with a ConfigMap target) in the enrolled namespace of the non-target run.")
 	fs.DurationVar(&c.ntBudget, "nontarget-setup-budget", 5*time.Minute, "Stop creating the non-target run's entries after this long and measure with what exists (0: create them all; 10,000 takes far longer, see docs/performance.md).")

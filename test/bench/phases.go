@@ -84,7 +84,7 @@ func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer
 			return fmt.Errorf("raw handoffs: %w", err)
 		}
 		raw = append(raw, s...)
-		s, err = e.releaseHandoffs(ctx, ns, fmt.Sprintf("handoff-%d", b), warm, n, stages)
+		s, err = e.releaseHandoffs(ctx, ns, fmt.Sprintf("handoff-%d", b), nil, warm, n, stages)
 		if err != nil {
 			return fmt.Errorf("fencekeeper handoffs: %w", err)
 		}
