@@ -133,7 +133,8 @@ func twinSchedule(seed uint64, cfg Config) twinPlan {
 	if n <= 0 || rng.IntN(n) != 0 {
 		return twinNone
 	}
-	return twinPlan(1 + rng.IntN(3))
+	plans := []twinPlan{twinInFlight, twinAfter, twinAfterCached}
+	return plans[rng.IntN(len(plans))]
 }
 
 // register creates the schedule's FencedResource through the real

@@ -458,14 +458,12 @@ var _ client.Reader = apiReader{}
 func (a apiReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
 	switch o := obj.(type) {
 	case *locksv1.FencedResource:
-		for _, fr := range a.r.storedEntries() {
-			if key.Namespace == fr.Namespace && key.Name == fr.Name {
-				fr.DeepCopyInto(o)
-				return nil
-			}
+		if fr := a.r.storedEntry(key); fr != nil {
+			fr.DeepCopyInto(o)
+			return nil
 		}
 	case *coordinationv1.Lease:
-		if c, ok := a.r.claims[key.Name]; ok && key.Namespace == locksv1.DefaultNamespace {
+		if c := a.r.claim(key); c != nil {
 			c.DeepCopyInto(o)
 			return nil
 		}
@@ -506,6 +504,24 @@ func (a apiReader) List(_ context.Context, list client.ObjectList, _ ...client.L
 		l.Items = append(l.Items, *fr.DeepCopy())
 	}
 	return nil
+}
+
+// storedEntry is the stored FencedResource named key, or nil.
+func (r *registry) storedEntry(key client.ObjectKey) *locksv1.FencedResource {
+	for _, fr := range r.storedEntries() {
+		if key.Namespace == fr.Namespace && key.Name == fr.Name {
+			return fr
+		}
+	}
+	return nil
+}
+
+// claim is the target-claim Lease named key, or nil.
+func (r *registry) claim(key client.ObjectKey) *coordinationv1.Lease {
+	if key.Namespace != locksv1.DefaultNamespace {
+		return nil
+	}
+	return r.claims[key.Name]
 }
 
 // storedEntries are the FencedResources the API server has stored.
