@@ -116,16 +116,15 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, ph *phas
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var err error
 	if ph == nil {
-		var err error
 		if ph, err = e.followPhases(ctx, ns); err != nil {
 			return nil, err
 		}
-		if err := e.followFences(ctx, ns, ph); err != nil {
+		if err = e.followFences(ctx, ns, ph); err != nil {
 			return nil, err
 		}
 	}
-	var err error
 	var workers [2]*signalledWorker
 	for i := range workers {
 		if workers[i], err = e.signalledWorker(ctx, ns); err != nil {

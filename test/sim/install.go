@@ -146,7 +146,7 @@ func (w *world) register() {
 		w.kind = gadgetsGVR
 		w.reg.fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Gadget", Name: objectName}
 	}
-	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Index: entryIndex{apiReader{w.reg}}, Writer: claimStore{r: w.reg},
+	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Index: indexReader{apiReader{w.reg}}, Writer: claimStore{r: w.reg},
 		Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName, Namespace: locksv1.DefaultNamespace}
 	admit := EntryAdmitFunc(func(ctx context.Context, fr *locksv1.FencedResource) error {
 		_, err := v.ValidateCreate(ctx, fr)
