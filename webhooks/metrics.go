@@ -24,6 +24,11 @@ var (
 		Help:    "Time to decide a mutation of a protected object, including the registry read.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 	}, []string{"operation"})
+	registryReadLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "fencekeeper_admission_registry_read_seconds",
+		Help:    "The linearizable GET of a FencedResource the acceptance webhook makes before deciding a write to its target.",
+		Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1},
+	})
 	fenceRegressions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_fence_regressions_total", Help: "Writes denied with FENCE_REGRESSION (the registry was behind the object)."})
 	teardownDeletes = prometheus.NewCounter(prometheus.CounterOpts{
@@ -33,7 +38,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, denials, decisionLatency, fenceRegressions, teardownDeletes)
+	metrics.Registry.MustRegister(decisions, denials, decisionLatency, registryReadLatency, fenceRegressions, teardownDeletes)
 }
 
 // recordDecision counts one decision; a refusing verdict also counts as a

@@ -229,7 +229,10 @@ func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*lock
 			// object cannot name this one, so its quorum read is skipped.
 			continue
 		}
-		if err := v.Reader.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: name}, &fr); apierrors.IsNotFound(err) {
+		read := time.Now()
+		err := v.Reader.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: name}, &fr)
+		registryReadLatency.Observe(time.Since(read).Seconds())
+		if apierrors.IsNotFound(err) {
 			continue
 		} else if err != nil {
 			return nil, fmt.Errorf("read FencedResource %s/%s: %w", r.Namespace, name, err)
