@@ -128,3 +128,14 @@ func TestOperatorStartsAgainWhenAPortIsTaken(t *testing.T) {
 		t.Fatalf("the second launch serves no metrics: %v", err)
 	}
 }
+
+func TestSlug(t *testing.T) {
+	for name, want := range map[string]string{
+		"raw two-CAS, uncontended":                      "raw-two-cas-uncontended",
+		"custom-resource floor (4 writes), uncontended": "custom-resource-floor-4-writes-uncontended",
+	} {
+		if got := slug(name); got != want {
+			t.Errorf("slug(%q) = %q, want %q", name, got, want)
+		}
+	}
+}

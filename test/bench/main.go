@@ -239,7 +239,8 @@ func run(ctx context.Context, cfg *config, log io.Writer) (*report, error) {
 		t := time.Now()
 		fmt.Fprintf(log, "== %s\n", name)
 		var stopProfiles func()
-		if cfg.profilePhase == name && name != "scale" { // scale profiles each size's measurements
+		// scale profiles each size's measurements, throughput each run
+		if cfg.profilePhase == name && name != "scale" && name != "throughput" {
 			stopProfiles = e.startProfiles(ctx, cfg, name, log)
 		}
 		err := f()

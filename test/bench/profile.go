@@ -65,6 +65,17 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 	}
 }
 
+// profiling starts the profiles of one run of phase, labelled label, when
+// -profile-phase names it; the returned function stops them (a no-op
+// otherwise). The throughput phase profiles each of its runs on its own, so
+// the floor's and fencekeeper's API server work can be compared.
+func (e *env) profiling(ctx context.Context, cfg *config, phase, label string, log io.Writer) func() {
+	if cfg.profilePhase != phase {
+		return func() {}
+	}
+	return e.startProfiles(ctx, cfg, label, log)
+}
+
 // heapProfile writes this process's heap profile (with -in-process it holds
 // the operator's informer caches).
 func (e *env) heapProfile(cfg *config, label string, log io.Writer) {

@@ -6,9 +6,11 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -138,14 +140,18 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 				return l.Release(ctx)
 			})
 		}
+		stopProfiles := e.profiling(ctx, cfg, "throughput", "throughput-"+slug(spec.name), log)
 		run, err := e.closedLoop(ctx, cfg, spec.name, spec.resources, cyclers, count)
+		stopProfiles()
 		if err != nil {
 			return fmt.Errorf("%s: %w", spec.name, err)
 		}
 		fmt.Fprintf(log, "   %s: %.1f cycles/s, %.2f API writes/cycle\n", run.Name, run.PerSecond, run.WritesPerCycle)
 		t.Runs = append(t.Runs, run)
 	}
+	stopProfiles := e.profiling(ctx, cfg, "throughput", "throughput-floor", log)
 	floor, err := e.floorRun(ctx, cfg, ns, "t1-r0")
+	stopProfiles()
 	if err != nil {
 		return fmt.Errorf("custom-resource floor: %w", err)
 	}
@@ -346,3 +352,11 @@ func (e *env) closedLoop(ctx context.Context, cfg *config, name string, resource
 }
 
 func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
+
+// slug is a run's name as a file name: "raw two-CAS, uncontended" →
+// "raw-two-cas-uncontended".
+func slug(name string) string {
+	return strings.Join(strings.FieldsFunc(strings.ToLower(name), func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
+	}), "-")
+}
