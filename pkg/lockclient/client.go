@@ -19,6 +19,7 @@ type Client struct {
 	kube      client.WithWatch
 	namespace string
 	identity  string
+	registry  registryFeeds // the FencedResource watches its Acquire calls share
 }
 
 // New returns a client that acts as identity (the Kubernetes user name the API

@@ -24,10 +24,13 @@
 // LockGrant is followed too (it alone records a request denied before it was
 // held, and renewals and the end of the lock); without read access to the
 // FencedResource, Acquire waits for the mirror. An acquire costs the API
-// server two watches and no read: the registry's, opened without a
-// resourceVersion so it starts with the registry as it is, and one of the
-// LockGrant from its create to the lock's end. Release is one merge patch of
-// spec.release: no read, no conflict.
+// server no read and one watch of its LockGrant, from the create to the
+// lock's end. The registry watch belongs to the Client: one per resource,
+// opened without a resourceVersion (so it starts with the registry as it
+// is), shared by every request of the Client for that resource and kept
+// open for a few seconds after the last one ends, so a worker that acquires
+// in a loop opens it once. Release is one merge patch of spec.release: no
+// read, no conflict.
 //
 // A lost create response is recovered by reading the LockGrant named
 // deterministically from the requestID — never by creating a second identity.

@@ -256,29 +256,22 @@ func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
 	}
 }
 
-// waitRegistryHolder follows the FencedResource until its holder record
-// names this request's LockGrant (by UID), and returns the LockGrant as held
-// from that record; nil when the registry cannot be followed or ctx ends. A
-// watch without a resourceVersion starts with the registry as it is now, so
-// no read comes before it.
+// waitRegistryHolder waits until the FencedResource's holder record names
+// this request's LockGrant (by UID), and returns the LockGrant as held from
+// that record; nil when the registry cannot be followed or ctx ends. The
+// registry watch is the client's, shared with its other requests for the
+// resource and kept open a while after them (registry.go).
 func (l *Lock) waitRegistryHolder(ctx context.Context) *locksv1.LockGrant {
-	for ctx.Err() == nil {
-		w, err := l.c.kube.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(l.key.Namespace),
-			client.MatchingFields{"metadata.name": l.resource})
-		if err != nil {
-			return nil
-		}
-		for ev := range w.ResultChan() {
-			obj, ok := ev.Object.(*locksv1.FencedResource)
-			if !ok || ev.Type == watch.Error {
-				break
-			}
-			if lg := l.heldFrom(obj); lg != nil {
-				w.Stop()
-				return lg
-			}
-		}
-		w.Stop()
+	if l.requested == nil || l.requested.UID == "" {
+		return nil
+	}
+	w, leave := l.c.awaitHolder(l.resource, l.requested.UID)
+	defer leave()
+	select {
+	case fr := <-w.held:
+		return l.heldFrom(fr)
+	case <-w.lost:
+	case <-ctx.Done():
 	}
 	return nil
 }

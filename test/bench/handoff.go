@@ -32,7 +32,9 @@ import (
 type watchSignal struct {
 	mu sync.Mutex
 	ch chan struct{}
-	// grants, registry: which of the two watches answered since arm.
+	// grants: the LockGrant watch answered since arm (each request opens
+	// one). registry: the registry watch answered at least once (a client
+	// keeps it across requests for a resource it acquires again soon).
 	grants, registry bool
 	// put is when the last PUT or PATCH of a LockGrant (renewal or release) was answered.
 	put time.Time
@@ -48,7 +50,7 @@ func (s *watchSignal) arm() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ch = make(chan struct{})
-	s.grants, s.registry = false, false
+	s.grants = false
 	return s.ch
 }
 
