@@ -60,7 +60,10 @@ func TestQuickBench(t *testing.T) {
 	for _, r := range rep.Webhook.Rates {
 		positive("protected update p99", r.Protected.P99)
 		positive("unprotected update p99", r.Unprotected.P99)
+		positive("interleaved registry GET p99", r.RegistryGet.P99)
 	}
+	// Every protected write's registry read is in the operator's histogram.
+	positive("webhook registry reads", rep.Webhook.RegistryReads)
 	for _, b := range rep.Micro.Benchmarks {
 		positive(b.Name, b.NsPerOp)
 	}

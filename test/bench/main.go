@@ -90,7 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.clients, "clients", 8, "Closed-loop clients C of the throughput runs.")
 	fs.IntVar(&c.contendedOn, "contended-resources", 2, "Shared resources of the contended throughput runs.")
 	fs.StringVar(&rates, "rates", "25,50,100", "Request rates (updates/s, protected and unprotected together) of the webhook-overhead runs.")
-	fs.IntVar(&c.webhookSamples, "webhook-samples", 300, "Updates measured per kind (protected, unprotected) at each rate.")
+	fs.IntVar(&c.webhookSamples, "webhook-samples", 1000, "Requests measured per kind (protected update, unprotected update, registry GET) at each rate.")
 	fs.StringVar(&sizes, "scale", "1000,10000", "FencedResource counts of the scale runs, each with an active grant.")
 	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 600, "Release handoffs measured at each scale size.")
 	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 2000, "Protected and unprotected updates measured at each scale size.")
