@@ -202,3 +202,21 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not met in 5 s")
 }
+
+// A record delivered just before the watch was lost is not thrown away
+// (select would pick either ready case at random).
+func TestFeedWaitPrefersADeliveredRecord(t *testing.T) {
+	for i := 0; i < 100; i++ {
+		w := &holderWait{uid: "uid-a", held: make(chan *locksv1.FencedResource, 1), lost: make(chan struct{})}
+		w.held <- holding("uid-a")
+		close(w.lost)
+		if fr := w.wait(context.Background()); fr == nil {
+			t.Fatalf("round %d: the delivered record was dropped for the loss", i)
+		}
+	}
+	w := &holderWait{uid: "uid-a", held: make(chan *locksv1.FencedResource, 1), lost: make(chan struct{})}
+	close(w.lost)
+	if fr := w.wait(context.Background()); fr != nil {
+		t.Fatal("a record out of nothing")
+	}
+}

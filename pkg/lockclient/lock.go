@@ -267,11 +267,8 @@ func (l *Lock) waitRegistryHolder(ctx context.Context) *locksv1.LockGrant {
 	}
 	w, leave := l.c.awaitHolder(l.resource, l.requested.UID)
 	defer leave()
-	select {
-	case fr := <-w.held:
+	if fr := w.wait(ctx); fr != nil {
 		return l.heldFrom(fr)
-	case <-w.lost:
-	case <-ctx.Done():
 	}
 	return nil
 }

@@ -46,6 +46,25 @@ type holderWait struct {
 	lost chan struct{}                // closed when the registry cannot be watched
 }
 
+// wait returns the state naming the request once delivered; nil when the
+// registry cannot be watched or ctx ends. A state delivered before the
+// watch was lost still counts.
+func (w *holderWait) wait(ctx context.Context) *locksv1.FencedResource {
+	select {
+	case fr := <-w.held:
+		return fr
+	case <-w.lost:
+		select {
+		case fr := <-w.held:
+			return fr
+		default:
+			return nil
+		}
+	case <-ctx.Done():
+		return nil
+	}
+}
+
 // awaitHolder registers a wait for the holder record naming uid at resource,
 // starting the resource's watch unless one is open, and returns the wait and
 // the function that ends it (call it once, whatever the outcome).
