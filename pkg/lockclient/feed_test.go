@@ -24,7 +24,7 @@ type watchingClient struct {
 	opened  chan *watch.FakeWatcher
 }
 
-func (c *watchingClient) Watch(ctx context.Context, list client.ObjectList, opts ...client.ListOption) (watch.Interface, error) {
+func (c *watchingClient) Watch(ctx context.Context, _ client.ObjectList, _ ...client.ListOption) (watch.Interface, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.refuse != nil {
