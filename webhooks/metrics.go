@@ -21,7 +21,7 @@ var (
 	}, []string{"namespace", "verdict", "mode"})
 	decisionLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "fencekeeper_admission_duration_seconds",
-		Help:    "Time to decide a mutation of a protected object, including the registry read.",
+		Help:    "Time to decide a write the webhook sees (a protected object's or not), including the registry read.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 	}, []string{"operation"})
 	registryReadLatency = prometheus.NewHistogram(prometheus.HistogramOpts{

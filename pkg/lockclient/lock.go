@@ -275,10 +275,10 @@ func (l *Lock) waitRegistryHolder(ctx context.Context) *locksv1.LockGrant {
 
 // heldFrom is this request's LockGrant as held, when fr's holder record names it.
 func (l *Lock) heldFrom(fr *locksv1.FencedResource) *locksv1.LockGrant {
-	h := fr.Status.Holder
-	if h == nil || l.requested == nil || h.GrantUID != string(l.requested.UID) {
+	if l.requested == nil || !namesGrant(fr, l.requested.UID) {
 		return nil
 	}
+	h := fr.Status.Holder
 	lg := l.requested.DeepCopy()
 	lg.Status = h.HeldStatus(fr.Spec.ResourceID)
 	return lg

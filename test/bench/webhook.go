@@ -169,14 +169,19 @@ func interleaved(ctx context.Context, pairs []*fencedPair, rate float64, n int) 
 // rate: a GET of the pairs' FencedResources (the registry read of a protected
 // write), so the baseline the targets add meets the updates' load.
 func interleavedWithRead(ctx context.Context, pairs []*fencedPair, reader client.Reader, ns string, rate float64, n int) (prot, unprot, gets []time.Duration, err error) {
-	get := func(ctx context.Context, i int) (time.Duration, error) {
+	out, err := openLoop(ctx, rate*3/2, n, pairUpdates(pairs, 0), pairUpdates(pairs, 1), registryGets(reader, ns, len(pairs)))
+	return out[0], out[1], out[2], err
+}
+
+// registryGets is the request that GETs the pairs' FencedResources
+// (wh-0…) in turn: the registry read of a protected write.
+func registryGets(reader client.Reader, ns string, npairs int) request {
+	return func(ctx context.Context, i int) (time.Duration, error) {
 		var fr locksv1.FencedResource
 		t := time.Now()
-		err := reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("wh-%d", i%len(pairs))}, &fr)
+		err := reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("wh-%d", i%npairs)}, &fr)
 		return time.Since(t), err
 	}
-	out, err := openLoop(ctx, rate*3/2, n, pairUpdates(pairs, 0), pairUpdates(pairs, 1), get)
-	return out[0], out[1], out[2], err
 }
 
 // pairUpdates is the request that updates the pairs' ConfigMap kind in turn.
@@ -267,13 +272,12 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 	w.RegistryGetRate = cfg.rates[len(cfg.rates)/2]
 	var gets []time.Duration
 	interval := time.Duration(float64(time.Second) / w.RegistryGetRate)
+	get := registryGets(kube, ns, npairs)
 	for i := 0; i < max(50, cfg.webhookSamples/2); i++ {
-		var fr locksv1.FencedResource
-		t := time.Now()
-		if err := kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("wh-%d", i%npairs)}, &fr); err != nil {
+		d, err := get(ctx, i)
+		if err != nil {
 			return err
 		}
-		d := time.Since(t)
 		gets = append(gets, d)
 		time.Sleep(max(0, interval-d))
 	}
@@ -349,8 +353,6 @@ func histogramDelta(after, before, name string, filters ...string) histogram {
 	return h
 }
 
-// quantile interpolates linearly within the bucket holding q (as
-// Prometheus' histogram_quantile does).
 // total is the number of observations (the +Inf bucket).
 func (h histogram) total() float64 {
 	if len(h.counts) == 0 {
@@ -359,6 +361,8 @@ func (h histogram) total() float64 {
 	return h.counts[len(h.counts)-1]
 }
 
+// quantile interpolates linearly within the bucket holding q (as
+// Prometheus' histogram_quantile does).
 func (h histogram) quantile(q float64) float64 {
 	if len(h.counts) == 0 || h.counts[len(h.counts)-1] == 0 {
 		return math.NaN()
