@@ -142,3 +142,11 @@ func TestSlug(t *testing.T) {
 		}
 	}
 }
+
+func TestSigned(t *testing.T) {
+	for v, want := range map[float64]string{0.334: "+0.33", -1.5: "-1.50", 0: "+0", 12.34: "+12.3"} {
+		if got := signed(v); got != want {
+			t.Errorf("signed(%g) = %q, want %q", v, got, want)
+		}
+	}
+}

@@ -71,11 +71,14 @@ type nontargetResult struct {
 }
 
 // plainConfigMap is a ConfigMap nobody protects, updated with the same kind
-// of change as the fenced pairs (the seq key, a 512-byte payload).
+// of change as the fenced pairs (the seq key, a 512-byte payload). With alt
+// set, each update also swaps its annotations with alt, so a write changes
+// them as a fenced segment changes its fence and receipt log.
 type plainConfigMap struct {
 	kube client.Client
 	mu   sync.Mutex
 	cm   *corev1.ConfigMap
+	alt  map[string]string
 	seq  int
 }
 
@@ -98,13 +101,17 @@ func (p *plainConfigMap) update(ctx context.Context) (time.Duration, error) {
 	cm := p.cm.DeepCopy()
 	p.seq++
 	cm.Data["seq"] = strconv.Itoa(p.seq)
+	alt := p.alt
+	if alt != nil {
+		cm.Annotations, alt = alt, cm.Annotations
+	}
 	t := time.Now()
 	err := p.kube.Update(ctx, cm)
 	d := time.Since(t)
 	if err != nil {
 		return 0, fmt.Errorf("update %s/%s: %w", cm.Namespace, cm.Name, err)
 	}
-	p.cm = cm
+	p.cm, p.alt = cm, alt
 	return d, nil
 }
 

@@ -212,6 +212,11 @@ func (r *report) print(out io.Writer) {
 		fmt.Fprintln(out, "  registry GET: a client's GET of a pair's FencedResource (the read the webhook makes on every protected write), sent in the same open loop as the updates at half their rate")
 		fmt.Fprintf(out, "the same registry GET alone (quiet API server, sequential at %g/s): p50 %s ms, p99 %s ms (n=%d)\n",
 			w.RegistryGetRate, fmtF(w.RegistryGetAlone.P50), fmtF(w.RegistryGetAlone.P99), w.RegistryGetAlone.N)
+		if pl, wt := w.FenceStatePlain, w.FenceStateWeighted; pl.N > 0 {
+			fmt.Fprintf(out, "fence state alone (namespace without FencedResources, no webhook; %d updates each, interleaved at %g/s): plain p50/p99 %s/%s ms, with a protected ConfigMap's fence and receipt annotations (%d bytes, changed each write) %s/%s ms: %s/%s ms\n",
+				pl.N, w.RegistryGetRate, fmtF(pl.P50), fmtF(pl.P99), w.FenceStateBytes, fmtF(wt.P50), fmtF(wt.P99), signed(wt.P50-pl.P50), signed(wt.P99-pl.P99))
+			fmt.Fprintln(out, "  the stored fence state is part of every protected write (DESIGN.md: the change, its fence annotation and receipt log are one write); the overhead rule's allowance, one registry GET, does not include it")
+		}
 	}
 	if s := r.Scale; s != nil {
 		section("5. Scale: FencedResources with active grants")
@@ -265,6 +270,14 @@ func breakdown(m map[string]float64) string {
 		parts = append(parts, fmt.Sprintf("%s %s", k, fmtF(m[k])))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// signed is fmtF of a difference, with its sign.
+func signed(v float64) string {
+	if v >= 0 {
+		return "+" + fmtF(v)
+	}
+	return fmtF(v)
 }
 
 func fmtF(v float64) string {

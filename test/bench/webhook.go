@@ -42,6 +42,11 @@ type webhookResult struct {
 	// targets use each rate's interleaved RegistryGet).
 	RegistryGetAlone dist    `json:"registry_get_alone"`
 	RegistryGetRate  float64 `json:"registry_get_alone_rate_per_second"`
+	// FenceStatePlain/Weighted: what the stored fence state of a protected
+	// write costs the API server by itself (see fenceStateCost). Not judged.
+	FenceStatePlain    dist `json:"fence_state_plain"`
+	FenceStateWeighted dist `json:"fence_state_weighted"`
+	FenceStateBytes    int  `json:"fence_state_bytes"`
 }
 
 type webhookRate struct {
@@ -173,6 +178,52 @@ func interleavedWithRead(ctx context.Context, pairs []*fencedPair, reader client
 	return out[0], out[1], out[2], err
 }
 
+// fenceStateCost measures what a protected write's stored fence state costs
+// the API server alone, which the overhead rule's allowance (one registry GET)
+// does not include: DESIGN.md puts the change, its fence annotation and the
+// receipt log in one write. In a namespace without FencedResources (no
+// webhook sees its writes) it updates, interleaved at rate, plain ConfigMaps
+// like the twins and ConfigMaps that carry the pairs' fence and receipt
+// annotations, which each write swaps for another pair's (a fenced segment
+// changes both).
+func (w *webhookResult) fenceStateCost(ctx context.Context, e *env, kube client.Client, pairs []*fencedPair, rate float64, n int) error {
+	const ns = "bench-webhook-plain"
+	if err := e.namespace(ctx, ns); err != nil {
+		return err
+	}
+	plain, err := newPlainConfigMaps(ctx, kube, ns, len(pairs))
+	if err != nil {
+		return err
+	}
+	state := make([]map[string]string, len(pairs))
+	for i, p := range pairs {
+		p.mu[0].Lock()
+		ann := p.cm[0].Annotations
+		p.mu[0].Unlock()
+		state[i] = map[string]string{fence.AnnotationFence: ann[fence.AnnotationFence], fence.AnnotationReceipts: ann[fence.AnnotationReceipts]}
+	}
+	w.FenceStateBytes = len(state[0][fence.AnnotationFence]) + len(state[0][fence.AnnotationReceipts])
+	weighted := make([]*plainConfigMap, len(pairs))
+	for i := range pairs {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("weighted-%d", i), Annotations: state[i]},
+			Data: map[string]string{"seq": "0", "payload": strings.Repeat("x", 512)}}
+		if err := kube.Create(ctx, cm); err != nil {
+			return fmt.Errorf("create ConfigMap %s/%s: %w", ns, cm.Name, err)
+		}
+		weighted[i] = &plainConfigMap{kube: kube, cm: cm, alt: maps.Clone(state[(i+1)%len(pairs)])}
+	}
+	kinds := []request{plainRequests(plain), plainRequests(weighted)}
+	if _, err := openLoop(ctx, rate, 10, kinds...); err != nil { // warm-up
+		return err
+	}
+	out, err := openLoop(ctx, rate, n, kinds...)
+	if err != nil {
+		return err
+	}
+	w.FenceStatePlain, w.FenceStateWeighted = summarize(out[0]), summarize(out[1])
+	return nil
+}
+
 // registryGets is the request that GETs the pairs' FencedResources
 // (wh-0…) in turn: the registry read of a protected write.
 func registryGets(reader client.Reader, ns string, npairs int) request {
@@ -282,6 +333,9 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 		time.Sleep(max(0, interval-d))
 	}
 	w.RegistryGetAlone = summarize(gets)
+	if err := w.fenceStateCost(ctx, e, kube, pairs, w.RegistryGetRate, max(50, cfg.webhookSamples/2)); err != nil {
+		return err
+	}
 	for _, x := range w.Rates {
 		r.judge(fmt.Sprintf("webhook overhead @%g/s", x.Rate), "protected p99 ≤ unprotected p99 + registry GET p99, all interleaved (shown as the ratio, ≤ 1)",
 			ratio(x.Protected.P99, x.Unprotected.P99+x.RegistryGet.P99), 1, "×",
