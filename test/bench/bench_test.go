@@ -64,6 +64,11 @@ func TestQuickBench(t *testing.T) {
 	}
 	// Every protected write's registry read is in the operator's histogram.
 	positive("webhook registry reads", rep.Webhook.RegistryReads)
+	// The fence-state control: plain and annotated ConfigMaps both measured,
+	// the annotated ones carrying a protected ConfigMap's real fence state.
+	positive("fence state: plain update p99", rep.Webhook.FenceStatePlain.P99)
+	positive("fence state: annotated update p99", rep.Webhook.FenceStateWeighted.P99)
+	positive("fence state bytes", float64(rep.Webhook.FenceStateBytes))
 	for _, b := range rep.Micro.Benchmarks {
 		positive(b.Name, b.NsPerOp)
 	}
