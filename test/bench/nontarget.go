@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -82,15 +83,18 @@ type plainConfigMap struct {
 	seq  int
 }
 
-func newPlainConfigMaps(ctx context.Context, kube client.Client, ns string, n int) ([]*plainConfigMap, error) {
+// newPlainConfigMaps creates ConfigMaps prefix-0… in ns, one per entry of
+// annotations (nil: no annotations); each swaps its annotations with the next
+// one's on every update (see plainConfigMap.alt) when there are any.
+func newPlainConfigMaps(ctx context.Context, kube client.Client, ns, prefix string, annotations []map[string]string) ([]*plainConfigMap, error) {
 	var out []*plainConfigMap
-	for i := 0; i < n; i++ {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("plain-%d", i)},
+	for i, ann := range annotations {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", prefix, i), Annotations: maps.Clone(ann)},
 			Data: map[string]string{"seq": "0", "payload": strings.Repeat("x", 512)}}
 		if err := kube.Create(ctx, cm); err != nil {
 			return nil, fmt.Errorf("create ConfigMap %s/%s: %w", ns, cm.Name, err)
 		}
-		out = append(out, &plainConfigMap{kube: kube, cm: cm})
+		out = append(out, &plainConfigMap{kube: kube, cm: cm, alt: maps.Clone(annotations[(i+1)%len(annotations)])})
 	}
 	return out, nil
 }
@@ -137,11 +141,11 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 		return err
 	}
 	defer release()
-	plain, err := newPlainConfigMaps(ctx, kube, plainNS, 4)
+	plain, err := newPlainConfigMaps(ctx, kube, plainNS, "plain", make([]map[string]string, 4))
 	if err != nil {
 		return err
 	}
-	enrolled, err := newPlainConfigMaps(ctx, kube, enrolledNS, 4)
+	enrolled, err := newPlainConfigMaps(ctx, kube, enrolledNS, "plain", make([]map[string]string, 4))
 	if err != nil {
 		return err
 	}
