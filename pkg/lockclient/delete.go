@@ -28,8 +28,11 @@ var ErrChangedSinceIntent = errors.New("lockclient: the object changed after the
 //
 // It returns the intent segment's receipt. A delete whose answer was lost is
 // resolved by reading the object: gone (or a new object under the same name)
-// means deleted; unchanged means not deleted, and it is sent again. An
-// object that does not exist is an error satisfying apierrors.IsNotFound.
+// means deleted; changed means it never will be (ErrChangedSinceIntent);
+// unchanged means not deleted yet, and it is sent again. If that attempt is
+// refused while the first may still land, the result is ErrMutationUnknown,
+// not the refusal. An object that does not exist is an error satisfying
+// apierrors.IsNotFound.
 // Denials are *DenialError (errors.Is ErrDeleteNotDeclared, ErrStaleOwner, …).
 func (op *Operation) Delete(ctx context.Context, obj client.Object) (fence.Receipt, error) {
 	c, err := op.commit(ctx, obj, func() error { return nil }, fence.IntentDelete)
@@ -53,11 +56,15 @@ func (op *Operation) Delete(ctx context.Context, obj client.Object) (fence.Recei
 }
 
 // deleteAt deletes obj if it is still the object with uid at resourceVersion rv.
+// Once a send got no answer, it may still land while the object stays at rv
+// (the API server may be waiting on etcd), so a refusal after it is not
+// reported as "not deleted" until a read shows the object moved on.
 func (op *Operation) deleteAt(ctx context.Context, obj client.Object, uid types.UID, rv string) error {
 	pre := client.Preconditions{UID: &uid, ResourceVersion: &rv}
+	lost := false
 	for attempt := 0; attempt < 5; attempt++ {
 		if err := op.lock.Guard(); err != nil {
-			return err
+			return op.deleteRefused(ctx, obj, uid, rv, lost, err)
 		}
 		err := op.lock.c.kube.Delete(ctx, obj, pre)
 		switch {
@@ -66,29 +73,48 @@ func (op *Operation) deleteAt(ctx context.Context, obj client.Object, uid types.
 		case apierrors.IsNotFound(err):
 			return nil // deleted (by an earlier attempt whose answer was lost)
 		case apierrors.IsConflict(err):
+			// Past rv: no send of this delete can land any more.
 			return fmt.Errorf("%w: %s is no longer resourceVersion %s: %v", ErrChangedSinceIntent, obj.GetName(), rv, err)
 		}
-		if d, ok := asDenial(err); ok {
-			return d
-		}
-		if definitive(err) {
-			return err
+		if _, denied := asDenial(err); denied || definitive(err) {
+			return op.deleteRefused(ctx, obj, uid, rv, lost, err)
 		}
 		// No answer: did the delete land?
+		lost = true
 		deleted, rerr := op.deleted(ctx, obj, uid, rv)
 		if rerr != nil || deleted {
 			return rerr
 		}
 		if err := sleep(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
-			return err
+			return fmt.Errorf("%w: delete of %s got no answer and may still land: %v", ErrMutationUnknown, obj.GetName(), err)
 		}
 	}
 	return fmt.Errorf("%w: delete of %s got no answer", ErrMutationUnknown, obj.GetName())
 }
 
+// deleteRefused returns err, the refusal of the latest attempt, unless an
+// earlier send that got no answer deleted the object or may still.
+func (op *Operation) deleteRefused(ctx context.Context, obj client.Object, uid types.UID, rv string, lost bool, err error) error {
+	if d, ok := asDenial(err); ok {
+		err = d
+	}
+	if !lost {
+		return err
+	}
+	deleted, rerr := op.deleted(ctx, obj, uid, rv)
+	switch {
+	case deleted:
+		return nil
+	case errors.Is(rerr, ErrChangedSinceIntent):
+		return err // the object moved past rv: the earlier send cannot land
+	}
+	return fmt.Errorf("%w: delete of %s: an earlier send got no answer and may still land; the last attempt: %v", ErrMutationUnknown, obj.GetName(), err)
+}
+
 // deleted reads the object after a delete with no answer: gone, replaced by
 // another object (another UID) or being deleted means the delete landed; the
-// same resourceVersion means it did not.
+// same resourceVersion means it has not landed yet (it still may); another
+// resourceVersion means it never will (ErrChangedSinceIntent).
 func (op *Operation) deleted(ctx context.Context, obj client.Object, uid types.UID, rv string) (bool, error) {
 	cur := obj.DeepCopyObject().(client.Object)
 	var err error
@@ -105,7 +131,7 @@ func (op *Operation) deleted(ctx context.Context, obj client.Object, uid types.U
 			return false, fmt.Errorf("%w: %s changed while its delete was in flight", ErrChangedSinceIntent, obj.GetName())
 		}
 		if serr := sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
-			return false, serr
+			return false, fmt.Errorf("%w: delete of %s sent, its outcome unreadable: %v", ErrMutationUnknown, obj.GetName(), serr)
 		}
 	}
 	return false, fmt.Errorf("%w: delete of %s sent, its outcome unreadable: %v", ErrMutationUnknown, obj.GetName(), err)

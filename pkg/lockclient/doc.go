@@ -34,13 +34,31 @@
 //
 // A lost create response is recovered by reading the LockGrant named
 // deterministically from the requestID — never by creating a second identity.
-// A write whose outcome is unknown is resolved from the object's receipt log
-// by operation and segment: applied (reuse the receipt), proven absent (retry
-// under the current fence), or undeterminable (ErrMutationUnknown, also when
-// ctx ends first; the outcome is recorded on the LockGrant, retried for up to
-// 30 s while the API server is unreachable, and the operator surfaces it as
-// ReconciliationRequired). Any other error from a commit means nothing was
-// written.
+//
+// What a commit's result guarantees:
+//   - nil: the segment is applied (its receipt is returned);
+//   - a refusal (a *DenialError, a Guard error, any other error but
+//     ErrMutationUnknown): nothing of this commit was written, and nothing
+//     of it can be written later;
+//   - ErrMutationUnknown (an *UnknownOutcomeError): nobody knows yet. It is
+//     recorded on the LockGrant (retried for up to 30 s while the API server
+//     is unreachable) and the operator surfaces it as ReconciliationRequired
+//     after 15 minutes; Operation.Resolve decides it later.
+//
+// A send that got no answer is resolved by reading the object (ResolveSent):
+// applied (its receipt is in the log: reuse it), proven absent (send it
+// again under the current fence), in flight, or undeterminable. A read that
+// does not show the write proves nothing while the write may still land: the
+// API server may have admitted it and be waiting on etcd, whose transaction
+// is conditioned on the resourceVersion the client read, and commits whenever
+// etcd lets it. So absence is proven only once the write can no longer land:
+// the object moved past that version, or is gone (for a create: the object
+// exists without it). Until then the send is in flight: the segment is sent
+// again (only one of the two can land, both being conditioned on the same
+// version), and if that is refused, or the grant ends, or ctx ends, the
+// result is ErrMutationUnknown, never the refusal (make chaos found a segment
+// reported NOT_HELD that landed seconds later). Deletes follow the same rule
+// with their resourceVersion precondition.
 //
 // Deleting a protected object is a fenced step too (Operation.Delete): the
 // webhook lets the owner of the current grant delete only after that grant

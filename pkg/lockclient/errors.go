@@ -2,6 +2,7 @@ package lockclient
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +26,32 @@ var (
 	// the FencedResource's target needs reconciliation by a human or a domain process.
 	ErrMutationUnknown = errors.New("lockclient: mutation outcome unknown")
 )
+
+// UnknownOutcomeError is ErrMutationUnknown for one segment: its send got
+// no answer, and no read has decided it yet, either because the receipt log
+// no longer reaches back to it or because it may still land (the object is
+// still at the version it was conditioned on). Operation.Resolve decides it
+// later. The outcome is recorded on the LockGrant (RecordErr says if that
+// failed) so that the operator surfaces it as ReconciliationRequired.
+type UnknownOutcomeError struct {
+	Sent      Sent
+	Object    string // Kind/name
+	LockGrant string
+	// RecordErr is why the record on the LockGrant failed (nil: recorded).
+	RecordErr error
+	why       string
+}
+
+func (e *UnknownOutcomeError) Error() string {
+	msg := fmt.Sprintf("%v: %s segment %d under fence %d: %s", ErrMutationUnknown, e.Object, e.Sent.Receipt.Segment, e.Sent.Receipt.Fence, e.why)
+	if e.RecordErr != nil {
+		return fmt.Sprintf("%s (not recorded on LockGrant %s: %v; resolve it later with Operation.Resolve)", msg, e.LockGrant, e.RecordErr)
+	}
+	return fmt.Sprintf("%s (recorded on LockGrant %s for reconciliation)", msg, e.LockGrant)
+}
+
+// Is matches ErrMutationUnknown.
+func (e *UnknownOutcomeError) Is(target error) bool { return target == ErrMutationUnknown }
 
 // Errors of a fenced write, one per admission verdict. A *DenialError matches
 // the sentinel of its verdict with errors.Is.

@@ -39,11 +39,13 @@ func (op *Operation) ID() string { return op.id }
 // the object's receipt log, so a restarted worker resumes where it stopped.
 //
 // ALREADY_APPLIED is success (the original receipt is returned). A write with
-// no answer is resolved from the receipt log; if that cannot tell (or ctx
-// ends first), the result is ErrMutationUnknown, after the outcome was
-// recorded on the LockGrant for reconciliation: that record is retried, past
-// ctx, for up to 30 s while the API server cannot be reached, and the error
-// says if it still failed. Any other error means nothing was written.
+// no answer is resolved by reading the object (ResolveSent); while it may
+// still land, a refusal of a later attempt is not reported: if nothing
+// decides it (or ctx ends first), the result is an *UnknownOutcomeError
+// (ErrMutationUnknown), after the outcome was recorded on the LockGrant for
+// reconciliation: that record is retried, past ctx, for up to 30 s while the
+// API server cannot be reached, and the error says if it still failed. Any
+// other error means nothing was written, nor will be.
 // Denials are *DenialError (errors.Is ErrStaleOwner, …).
 func (op *Operation) Commit(ctx context.Context, obj client.Object, mutate func() error) (fence.Receipt, error) {
 	c, err := op.commit(ctx, obj, mutate, "")
@@ -62,48 +64,66 @@ type committed struct {
 }
 
 func (op *Operation) commit(ctx context.Context, obj client.Object, mutate func() error, intent string) (committed, error) {
+	// lost holds the earlier sends of this segment that got no answer. Each
+	// may still land until a read shows the object past the version it was
+	// conditioned on, so while one may, no refusal is reported as the truth.
+	var lost []lostSend
 	freshLog := false
 	for attempt := 0; attempt < 8; attempt++ {
 		if err := op.lock.Guard(); err != nil {
-			return committed{}, err
+			return op.refused(ctx, obj, lost, err)
 		}
-		p, err := op.prepare(ctx, obj, mutate, intent, freshLog)
+		seen, err := op.observe(ctx, obj)
 		if err != nil {
-			return committed{}, err
+			return op.refused(ctx, obj, lost, err)
 		}
-		if p.exists {
-			err = op.lock.c.kube.Update(ctx, obj)
-		} else {
+		if c, done, err := op.decideLost(ctx, obj, &lost, seen); done {
+			return c, err
+		}
+		p, err := op.prepare(obj, seen, mutate, intent, freshLog)
+		if err != nil {
+			return op.refused(ctx, obj, lost, err)
+		}
+		if p.sent.Create {
 			err = op.lock.c.kube.Create(ctx, obj)
+		} else {
+			err = op.lock.c.kube.Update(ctx, obj)
 		}
-		c, retry, err := op.settle(ctx, obj, p, err)
-		if startsLogOver(err, p, freshLog) {
+		c, next, err := settle(p, err)
+		switch {
+		case startsLogOver(err, p, freshLog):
 			// The acceptance point does not trust the stored fence state (a
 			// forgery planted while the object was nobody's target): its log
 			// counts for nothing and this segment starts a new one. The client
 			// cannot verify signatures; the webhook can, and a wrong guess is
 			// only a denial that changed nothing.
 			freshLog = true
-			continue
-		}
-		if !retry {
-			return c, err
+		case next == sendLost:
+			lost = append(lost, lostSend{Sent: p.sent, envelope: p.envelope})
+		case next == sendDone && err != nil:
+			return op.refused(ctx, obj, lost, err)
+		case next == sendDone:
+			return c, nil
 		}
 	}
-	return committed{}, fmt.Errorf("commit of %s kept conflicting with other writers", obj.GetName())
+	return op.refused(ctx, obj, lost, fmt.Errorf("commit of %s kept conflicting with other writers", obj.GetName()))
 }
 
 // prepared is one fenced write, stamped and ready to send.
 type prepared struct {
-	exists   bool
-	receipt  fence.Receipt
+	// sent is the write as it will be resolved if its answer is lost.
+	sent     Sent
 	envelope string
 	// storedLog: the object as read had a receipt log (Stamp may have kept it).
 	storedLog bool
 }
 
-// prepare reads obj, applies mutate and stamps the next segment of the
-// operation under the lock's grant, with the given intent.
+// lostSend is a send of the segment that got no answer.
+type lostSend struct {
+	Sent
+	envelope string
+}
+
 // startsLogOver reports whether a denied segment should be sent again with a
 // receipt log of its own receipt only.
 func startsLogOver(err error, p prepared, freshLog bool) bool {
@@ -111,28 +131,25 @@ func startsLogOver(err error, p prepared, freshLog bool) bool {
 	return errors.As(err, &d) && d.Verdict == fence.ReceiptLogMismatch && !freshLog && p.storedLog
 }
 
-func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func() error, intent string, freshLog bool) (prepared, error) {
+// prepare applies mutate to obj as read (seen) and stamps the next segment
+// of the operation under the lock's grant, with the given intent.
+func (op *Operation) prepare(obj client.Object, seen Observed, mutate func() error, intent string, freshLog bool) (prepared, error) {
 	l := op.lock
 	g, proof := l.Grant()
-	exists, err := op.read(ctx, obj)
-	if err != nil {
-		return prepared{}, err
-	}
-	if intent == fence.IntentDelete && !exists {
+	if intent == fence.IntentDelete && !seen.Exists {
 		return prepared{}, apierrors.NewNotFound(schema.GroupResource{Resource: obj.GetObjectKind().GroupVersionKind().Kind}, obj.GetName())
 	}
 	ann := obj.GetAnnotations()
 	if ann == nil {
 		ann = map[string]string{}
 	}
-	st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-	if err != nil {
-		return prepared{}, fmt.Errorf("stored fence state of %s: %w", obj.GetName(), err)
-	}
-	segment := fence.NextSegment(st, g)
-	if !exists {
-		if segment, err = op.segmentAfterDelete(ctx, g.Digest()); err != nil {
-			return prepared{}, err
+	segment := fence.NextSegment(seen.State, g)
+	if !seen.Exists {
+		// The next one after the segment that deleted it under this grant
+		// (the registry remembers a deleted target's state), else 1.
+		segment = 1
+		if dt := seen.Deleted; dt != nil && dt.GrantDigest == g.Digest() {
+			segment = dt.Segment + 1
 		}
 	}
 	if err := mutate(); err != nil {
@@ -158,57 +175,87 @@ func (op *Operation) prepare(ctx context.Context, obj client.Object, mutate func
 		return prepared{}, err
 	}
 	obj.SetAnnotations(ann)
-	return prepared{exists: exists, receipt: receipt, envelope: ann[fence.AnnotationFence], storedLog: storedLog}, nil
+	return prepared{sent: Sent{Receipt: receipt, Create: !seen.Exists, ResourceVersion: seen.ResourceVersion, GrantDigest: g.Digest()},
+		envelope: ann[fence.AnnotationFence], storedLog: storedLog}, nil
 }
 
-// segmentAfterDelete numbers the first segment of an object that does not
-// exist: the next one after the segment that deleted it under this grant (the
-// registry remembers a deleted target's state), else 1.
-func (op *Operation) segmentAfterDelete(ctx context.Context, digest string) (int64, error) {
-	var fr locksv1.FencedResource
-	key := types.NamespacedName{Namespace: op.lock.key.Namespace, Name: op.lock.resource}
-	if err := op.lock.c.kube.Get(ctx, key, &fr); err != nil {
-		return 0, fmt.Errorf("read FencedResource %s: %w", key, err)
-	}
-	if dt := fr.Status.DeletedTarget; dt != nil && dt.GrantDigest == digest {
-		return dt.Segment + 1, nil
-	}
-	return 1, nil
-}
+// sendOutcome is what one send's answer leaves to do.
+type sendOutcome int
 
-// settle interprets the answer to a prepared write: done (with a receipt or
-// an error), or retry (a conflict, or a write proven absent).
-func (op *Operation) settle(ctx context.Context, obj client.Object, p prepared, err error) (committed, bool, error) {
-	c := committed{receipt: p.receipt, envelope: p.envelope}
+const (
+	sendDone  sendOutcome = iota // applied, or refused (with the error)
+	sendAgain                    // someone wrote in between: read again and renumber
+	sendLost                     // no answer: it may have landed, or may still
+)
+
+// settle interprets the answer to a prepared write.
+func settle(p prepared, err error) (committed, sendOutcome, error) {
+	c := committed{receipt: p.sent.Receipt, envelope: p.envelope}
 	if err == nil {
 		c.inObj = true
-		return c, false, nil
+		return c, sendDone, nil
 	}
 	if d, ok := asDenial(err); ok {
 		if d.Verdict == fence.AlreadyApplied {
 			if d.Receipt != "" {
 				c.receipt.Receipt = d.Receipt
 			}
-			return c, false, nil
+			return c, sendDone, nil
 		}
-		return committed{}, false, d
+		return committed{}, sendDone, d
 	}
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-		return committed{}, true, nil // someone wrote in between: read again and renumber
+		return committed{}, sendAgain, nil
 	}
 	if definitive(err) {
-		return committed{}, false, err
+		return committed{}, sendDone, err
 	}
-	// MUTATION_UNKNOWN: the write may or may not have landed.
-	applied, resolved, rerr := op.resolve(ctx, obj, p.receipt)
-	switch {
-	case rerr != nil:
-		return committed{}, false, rerr
-	case applied:
-		c.receipt = resolved
-		return c, false, nil
+	return committed{}, sendLost, nil
+}
+
+// decideLost decides the sends that got no answer from a read made after
+// them (seen): done when one of them landed (its receipt), or when the log
+// cannot tell (ErrMutationUnknown); otherwise lost keeps those still in
+// flight and drops those proven absent.
+func (op *Operation) decideLost(ctx context.Context, obj client.Object, lost *[]lostSend, seen Observed) (committed, bool, error) {
+	kept := (*lost)[:0]
+	var unsure *Sent
+	for _, s := range *lost {
+		switch out, r := ResolveSent(s.Sent, seen); out {
+		case Applied:
+			return committed{receipt: r, envelope: s.envelope}, true, nil
+		case AppliedOtherPayload:
+			return committed{}, true, op.unknown(ctx, obj, s.Sent, "the segment was applied with another payload")
+		case Undeterminable:
+			unsure = &s.Sent
+		case InFlight:
+			kept = append(kept, s)
+		}
 	}
-	return committed{}, true, nil // proven absent: try again under the current grant
+	if unsure != nil {
+		return committed{}, true, op.unknown(ctx, obj, *unsure, "the receipt log no longer reaches back to it")
+	}
+	*lost = kept
+	return committed{}, false, nil
+}
+
+// refused returns err, the refusal of the latest attempt, unless an earlier
+// send that got no answer landed (its receipt) or may still land
+// (ErrMutationUnknown): a refusal proves nothing about a write in flight.
+func (op *Operation) refused(ctx context.Context, obj client.Object, lost []lostSend, err error) (committed, error) {
+	if len(lost) == 0 {
+		return committed{}, err
+	}
+	seen, rerr := op.observeRetrying(ctx, obj)
+	if rerr == nil {
+		if c, done, derr := op.decideLost(ctx, obj, &lost, seen); done {
+			return c, derr
+		}
+		if len(lost) == 0 {
+			return committed{}, err // every earlier send proven absent: the refusal is the truth
+		}
+	}
+	return committed{}, op.unknown(ctx, obj, lost[0].Sent, fmt.Sprintf("an earlier send got no answer and may still land; the last attempt: %v", err))
 }
 
 // Applied lists the receipts of this operation still in obj's receipt log.
@@ -229,124 +276,69 @@ func (op *Operation) Applied(ctx context.Context, obj client.Object) ([]fence.Re
 	return out, nil
 }
 
-// resolve decides a write with an unknown outcome from the receipt log:
-// applied (its receipt is there), proven absent (the log shows where it would
-// be, and it is not), or undeterminable (recorded for the operator).
-func (op *Operation) resolve(ctx context.Context, obj client.Object, want fence.Receipt) (bool, fence.Receipt, error) {
-	var st fence.State
+// observe reads obj (it may not exist), its fence state and, when it does
+// not exist, the registry's record of its last deletion.
+func (op *Operation) observe(ctx context.Context, obj client.Object) (Observed, error) {
+	exists, err := op.read(ctx, obj)
+	if err != nil {
+		return Observed{}, err
+	}
+	ann := obj.GetAnnotations()
+	st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	if err != nil {
+		return Observed{}, fmt.Errorf("stored fence state of %s: %w", obj.GetName(), err)
+	}
+	seen := Observed{Exists: exists, ResourceVersion: obj.GetResourceVersion(), State: st}
+	if !exists {
+		var fr locksv1.FencedResource
+		key := types.NamespacedName{Namespace: op.lock.key.Namespace, Name: op.lock.resource}
+		if err := op.lock.c.kube.Get(ctx, key, &fr); err != nil {
+			return Observed{}, fmt.Errorf("read FencedResource %s: %w", key, err)
+		}
+		seen.Deleted = fr.Status.DeletedTarget
+	}
+	return seen, nil
+}
+
+// observeRetrying observes obj for a write that got no answer: the partition
+// that lost the answer may still hide the object, so it tries a few times
+// while ctx lasts.
+func (op *Operation) observeRetrying(ctx context.Context, obj client.Object) (Observed, error) {
 	var err error
-	exists := false
 	for attempt := 0; attempt < 5; attempt++ {
-		if exists, err = op.read(ctx, obj); err == nil {
-			ann := obj.GetAnnotations()
-			st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-			if err == nil {
-				break
-			}
+		var seen Observed
+		if seen, err = op.observe(ctx, obj); err == nil {
+			return seen, nil
 		}
 		if serr := sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
 			// The caller's time ran out with the outcome still unknown: it
 			// must not look like an ordinary error (found by make chaos).
-			err = serr
-			break
+			return Observed{}, serr
 		}
 	}
-	if err == nil {
-		out, r := ResolveFromLog(st, want)
-		if !exists {
-			// Gone: it may have been deleted after this segment landed (a
-			// declared delete by a process of the same grant).
-			var fr locksv1.FencedResource
-			key := types.NamespacedName{Namespace: op.lock.key.Namespace, Name: op.lock.resource}
-			if gerr := op.lock.c.kube.Get(ctx, key, &fr); gerr != nil {
-				// The registry cannot be read: the write stays unknown.
-				out = Undeterminable
-			} else {
-				g, _ := op.lock.Grant()
-				out, r = ResolveDeleted(fr.Status.DeletedTarget, g.Digest(), want)
-			}
-		}
-		switch out {
-		case Applied:
-			return true, r, nil
-		case AppliedOtherPayload:
-			return false, fence.Receipt{}, fmt.Errorf("%w: segment %d of fence %d was applied with another payload", ErrMutationUnknown, want.Segment, want.Fence)
-		case ProvenAbsent:
-			return false, fence.Receipt{}, nil
-		}
-	}
-	if rerr := op.recordUnresolved(ctx, obj, want); rerr != nil {
-		// Found by make chaos: a partition long enough hides the LockGrant
-		// too, and the caller must know nobody else will reconcile this write.
-		return false, fence.Receipt{}, fmt.Errorf("%w: %s segment %d under fence %d (not recorded on LockGrant %s: %v; resolve it later with Operation.Applied)",
-			ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name, rerr)
-	}
-	return false, fence.Receipt{}, fmt.Errorf("%w: %s segment %d under fence %d (recorded on LockGrant %s for reconciliation)",
-		ErrMutationUnknown, obj.GetName(), want.Segment, want.Fence, op.lock.key.Name)
+	return Observed{}, err
 }
 
-// Resolution is what an object's fence state says about a write whose
-// outcome is unknown (DESIGN.md, MUTATION_UNKNOWN).
-type Resolution int
-
-const (
-	// Undeterminable means the receipt log no longer reaches back to the write.
-	Undeterminable Resolution = iota
-	// Applied means the write's receipt is in the log; reuse it.
-	Applied
-	// AppliedOtherPayload means the segment was applied with a different payload.
-	AppliedOtherPayload
-	// ProvenAbsent means the write never landed; it may be retried under a current fence.
-	ProvenAbsent
-)
-
-// ResolveFromLog decides a write (its fence, segment, operation and payload)
-// from the stored fence state. Segments of a fence are accepted in order and
-// the log keeps the newest receipts, so the write is absent when the object
-// never reached it, or when the log reaches back past where it would be and
-// lacks it.
-func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Receipt) {
-	for _, r := range st.Receipts {
-		if r.Fence == want.Fence && r.Segment == want.Segment && r.Operation == want.Operation {
-			if r.Payload == want.Payload {
-				return Applied, r
-			}
-			return AppliedOtherPayload, r
-		}
-	}
-	if st.HighestFence < want.Fence || (st.HighestFence == want.Fence && st.LastSegment < want.Segment) {
-		return ProvenAbsent, fence.Receipt{}
-	}
-	if len(st.Receipts) == 0 {
-		return Undeterminable, fence.Receipt{}
-	}
-	if oldest := st.Receipts[0]; oldest.Fence < want.Fence || (oldest.Fence == want.Fence && oldest.Segment < want.Segment) {
-		return ProvenAbsent, fence.Receipt{}
-	}
-	return Undeterminable, fence.Receipt{}
+// unknown records a write whose outcome stays unknown on the LockGrant, for
+// the operator to surface, and returns it as an *UnknownOutcomeError.
+func (op *Operation) unknown(ctx context.Context, obj client.Object, s Sent, why string) error {
+	e := &UnknownOutcomeError{Sent: s, Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), LockGrant: op.lock.key.Name, why: why}
+	// Found by make chaos: a partition long enough hides the LockGrant too,
+	// and the caller must know nobody else will reconcile this write.
+	e.RecordErr = op.recordUnresolved(ctx, obj, s.Receipt)
+	return e
 }
 
-// ResolveDeleted decides a write of unknown outcome to an object that no
-// longer exists, from the registry's record of its last deletion
-// (FencedResource status.deletedTarget, fence F segment S):
-//   - deleted by this grant at or after this segment: it had landed
-//     (segments of a fence are accepted in order);
-//   - deleted by this grant before this segment, by an older fence, or never:
-//     it never landed (had it created the object, the object would exist, or
-//     a later delete would have replaced the record);
-//   - deleted by a newer fence: the object lived on past this grant and its
-//     receipts went with it, so nothing shows whether the write landed.
-func ResolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fence.Receipt) (Resolution, fence.Receipt) {
-	switch {
-	case deleted == nil || deleted.FenceToken < want.Fence:
-		return ProvenAbsent, fence.Receipt{}
-	case deleted.FenceToken > want.Fence || deleted.GrantDigest != grantDigest:
-		return Undeterminable, fence.Receipt{}
-	case deleted.Segment >= want.Segment:
-		return Applied, want
-	default:
-		return ProvenAbsent, fence.Receipt{}
+// Resolve decides, from the object as it is now, a write that Commit
+// reported unknown (UnknownOutcomeError.Sent). InFlight means it may still
+// land: ask again later; the LockGrant's record stays until someone removes it.
+func (op *Operation) Resolve(ctx context.Context, obj client.Object, s Sent) (Resolution, fence.Receipt, error) {
+	seen, err := op.observe(ctx, obj)
+	if err != nil {
+		return Undeterminable, fence.Receipt{}, err
 	}
+	out, r := ResolveSent(s, seen)
+	return out, r, nil
 }
 
 // unresolvedRecordTimeout bounds how long a commit keeps trying to record an

@@ -219,38 +219,37 @@ func (w *worker) write(ctx context.Context, lock *lockclient.Lock, op *lockclien
 		ret.Outcome, ret.Detail = "rejected", err.Error()
 	}
 	w.log.emit(ret)
-	if ret.Outcome == "unknown" {
-		w.resolve(res, id, op.ID(), lock.Fence(), seg)
+	if unknown := (*lockclient.UnknownOutcomeError)(nil); errors.As(err, &unknown) {
+		w.resolve(op, res, id, unknown.Sent)
 	}
 	return err == nil
 }
 
-// resolve decides an unknown write (segment seg of operation opID under
-// fence f) from the object's fence state and receipt log, as
-// lockclient.ResolveFromLog does, for up to 30 s (the partition may last).
+// resolve decides an unknown write from the object as it is now, as the
+// library's Operation.Resolve does, for up to 30 s (the partition may last,
+// and a write still in flight decides nothing until the object moves on).
 // Unresolved is left to the escalation the lock client recorded on the
 // LockGrant.
-func (w *worker) resolve(res, id, opID string, f, seg int64) {
+func (w *worker) resolve(op *lockclient.Operation, res, id string, sent lockclient.Sent) {
 	deadline := time.Now().Add(30 * time.Second)
 	ctx := context.Background() // outlives the claim's deadline, bounded here
-	want := fence.Receipt{Fence: f, Segment: seg, Operation: opID}
 	for time.Now().Before(deadline) {
 		obj := object(res)
+		obj.SetNamespace(w.o.Namespace)
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := w.kube.Get(rctx, client.ObjectKey{Namespace: w.o.Namespace, Name: res}, obj)
+		r, _, err := op.Resolve(rctx, obj, sent)
 		cancel()
-		if err == nil || apierrors.IsNotFound(err) {
-			ann := obj.GetAnnotations()
-			st, serr := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-			out := "unresolved"
-			if serr == nil {
-				switch r, _ := lockclient.ResolveFromLog(st, want); r {
-				case lockclient.Applied, lockclient.AppliedOtherPayload: // the payload is the client's digest; (fence, segment, operation) name the write
-					out = "applied"
-				case lockclient.ProvenAbsent:
-					out = "absent"
-				}
-			}
+		out := ""
+		switch {
+		case err != nil, r == lockclient.InFlight:
+		case r == lockclient.Applied, r == lockclient.AppliedOtherPayload: // the payload is the client's digest; (fence, segment, operation) name the write
+			out = "applied"
+		case r == lockclient.ProvenAbsent:
+			out = "absent"
+		default:
+			out = "unresolved"
+		}
+		if out != "" {
 			w.log.emit(Event{ID: id + "/resolve", Kind: "resolve", Resource: res, Outcome: out, Detail: id})
 			return
 		}
