@@ -70,6 +70,8 @@ object in between, nothing is deleted.`,
 // deleteFailed reports a denied or refused delete: the -o document, or text with what to do.
 func (o *options) deleteFailed(res writeResult, err error) error {
 	switch d, denied := lockclient.AsDenial(err); {
+	case errors.Is(err, lockclient.ErrMutationUnknown):
+		return o.outcomeUnknown(res, err)
 	case denied:
 		res.Verdict, res.Message = d.Verdict, d.Message
 	case errors.Is(err, lockclient.ErrChangedSinceIntent):

@@ -45,6 +45,25 @@ var nextStep = map[fence.Verdict]string{
 	fence.DeleteNotDeclared:  "a delete needs the current grant's own delete intent as the object's last segment (kubectl fence delete commits it first); a delete under an ended grant, or by another user, is refused.",
 }
 
+// exitUnknown is the exit code of a write or delete whose outcome is
+// unknown: neither done (0) nor refused (1).
+const exitUnknown = 3
+
+// outcomeUnknown reports a write or delete that may or may not have landed:
+// the -o document (verdict MUTATION_UNKNOWN), or text with what to do.
+func (o *options) outcomeUnknown(res writeResult, err error) error {
+	res.Verdict, res.Message = "MUTATION_UNKNOWN", err.Error()
+	if o.format.structured() {
+		_ = o.emit(res, nil, nil)
+		return exitError{exitUnknown}
+	}
+	fmt.Fprintf(o.stderr, "%s: outcome unknown: %s\n", res.Object, err)
+	fmt.Fprintf(o.stderr, "What to do: do not run it again as if it had failed, and do not assume it landed. 'kubectl fence receipts' shows the object's log: "+
+		"the segment's receipt there means it landed; an object that moved on without it means it never will. Until then it may still land "+
+		"(the API server may be waiting on etcd). The outcome is recorded on the LockGrant; remove %s there once it is decided.\n", locksv1.AnnotationUnresolvedMutation)
+	return exitError{exitUnknown}
+}
+
 func (o *options) writeCmd() *cobra.Command {
 	var file, operation string
 	var unguarded bool
@@ -96,6 +115,9 @@ per grant); a write the webhook already applied returns its original receipt.`,
 					o.printf("%s accepted: fence %d, segment %d of operation %s\nreceipt %s\n", res.Object, res.Fence, res.Segment, operation, res.Receipt)
 					return nil
 				})
+			}
+			if errors.Is(err, lockclient.ErrMutationUnknown) {
+				return o.outcomeUnknown(res, err)
 			}
 			d, denied := lockclient.AsDenial(err)
 			if !denied {
