@@ -35,7 +35,11 @@ type fault struct {
 	times        int // how many requests it hits; <0 = until healed
 	skip         int // matching requests let through before it hits
 	delay        time.Duration
-	hits         int // requests it hit so far
+	// abandon: the request is sent and stays at the server, past the
+	// client's giving up (as when the connection to the client is cut): once
+	// abandon is closed (or after 10 s), the client gets no answer.
+	abandon <-chan struct{}
+	hits    int // requests it hit so far
 }
 
 func (f *faults) add(r *fault) {
@@ -97,6 +101,19 @@ func (f *faults) wrap(rt http.RoundTripper) http.RoundTripper {
 		}
 		if r.delay > 0 {
 			time.Sleep(r.delay)
+		}
+		if r.abandon != nil {
+			go func() {
+				resp, err := rt.RoundTrip(req.Clone(context.WithoutCancel(req.Context())))
+				if err == nil {
+					resp.Body.Close()
+				}
+			}()
+			select {
+			case <-r.abandon:
+			case <-time.After(10 * time.Second):
+			}
+			return nil, fmt.Errorf("injected: no answer to %s %s, which is still at the server", req.Method, req.URL.Path)
 		}
 		if !r.dropResponse {
 			return nil, fmt.Errorf("injected: connection refused before %s %s was sent", req.Method, req.URL.Path)

@@ -125,6 +125,7 @@ func startWebhookServer() {
 	Expect(webhooks.SetupFencedResourceWebhook(mgr, locksv1.WebhookConfigurationName, opNamespace)).To(Succeed())
 	_, err = webhooks.SetupProtectedWebhook(mgr, opNamespace, issuerClock)
 	Expect(err).NotTo(HaveOccurred())
+	mgr.GetWebhookServer().Register(holdPath, &webhook.Admission{Handler: holds})
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(suiteCtx)).To(Succeed())
