@@ -61,6 +61,27 @@ type oracle struct {
 	// back the entry's record of it (status.deletedTarget), the only memory
 	// of a deleted target (docs/security.md, "Known limits").
 	deletedMemoryLost bool
+	// claimedAbsent: the sends (by request ID) a client resolved as proven
+	// absent or reported refused, with the tick of that claim: none may
+	// land afterwards (issue 29).
+	claimedAbsent map[int64]int64
+}
+
+// acceptance is what the oracle judges a write's authority against: the
+// moment the acceptance point decided it and the registry as it was then. A
+// write that commits late (the API server admitted it, etcd applied it
+// later) is judged as of its admission; its fence order as of its landing.
+type acceptance struct {
+	now        time.Time
+	holder     *locksv1.Holder
+	regHolder  string
+	generation int64
+	knownLimit bool
+}
+
+func (o *oracle) acceptanceNow() acceptance {
+	return acceptance{now: o.w.now, holder: o.w.reg.fr.Status.Holder.DeepCopy(), regHolder: o.reg.holder,
+		generation: o.w.reg.fr.Generation, knownLimit: o.knownLimit()}
 }
 
 type writtenSegment struct {
@@ -90,7 +111,7 @@ type oracleRegistry struct {
 func (o oracleRegistry) clone() oracleRegistry { return o }
 
 func newOracle(w *world) *oracle {
-	return &oracle{w: w, issued: map[string]issuedGrant{}, grantedTo: map[types.UID]int64{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}}
+	return &oracle{w: w, issued: map[string]issuedGrant{}, grantedTo: map[types.UID]int64{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}, claimedAbsent: map[int64]int64{}}
 }
 
 // Kinds of violation; each has its counter in Counters.
@@ -255,8 +276,16 @@ var authNames = [...]string{"authenticated", "no fresh fence annotation", "malfo
 // judgeWrite judges one write the acceptance point decided. committed says
 // whether it changed the stored object.
 func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed bool, verdict fence.Verdict) {
+	if e, class, mutation := o.judgeAttempt(req, old, obj); mutation && committed {
+		o.judgeCommitted(req, old, obj, verdict, e, class, o.acceptanceNow())
+	}
+}
+
+// judgeAttempt counts a write the acceptance point decides and
+// authenticates it; false when it changes nothing.
+func (o *oracle) judgeAttempt(req *request, old, obj map[string]any) (*oracleEnvelope, authClass, bool) {
 	if old != nil && sameObject(old, obj) {
-		return // changes nothing: not a mutation
+		return nil, authOK, false // changes nothing: not a mutation
 	}
 	res := o.w.res
 	res.Attempts++
@@ -267,11 +296,18 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 	if class == authForged || class == authCrossResource || class == authMalformed {
 		res.ForgedAttempts++
 	}
-	if !committed {
-		return
+	return e, class, true
+}
+
+// judgeCommitted judges a write that changed the stored object, decided by
+// the acceptance point at a.
+func (o *oracle) judgeCommitted(req *request, old, obj map[string]any, verdict fence.Verdict, e *oracleEnvelope, class authClass, a acceptance) {
+	res := o.w.res
+	if at, claimed := o.claimedAbsent[req.id]; claimed {
+		o.violation(vUnknownMisresolved, "%s landed at tick %d; its client resolved it proven absent or reported it refused at tick %d", o.w.describeWrite(obj), o.w.tick, at)
 	}
 	what := o.w.describeWrite(obj) + " by " + req.user
-	if verdict == verdictNotProtected && o.knownLimit() {
+	if verdict == verdictNotProtected && a.knownLimit {
 		// docs/security.md, "Known limits": the index does not know the
 		// entry yet and no grant was used at the object; its state counts
 		// for nothing (the planted-state rules below watch that).
@@ -309,18 +345,17 @@ func (o *oracle) judgeWrite(req *request, old, obj map[string]any, committed boo
 		return
 	}
 
-	// An authenticated write: the grant must be the registry's current one.
-	now := o.w.now
-	r := o.w.reg
-	h := r.fr.Status.Holder
+	// An authenticated write: the grant must be the registry's current one
+	// when the acceptance point decided it.
+	now, h := a.now, a.holder
 	switch {
 	case !now.Before(o.deadlines[e.digest]):
 		o.violation(vExpiredOwner, "%s accepted at +%s; its lease ended at +%s", what, now.Sub(simStart), o.deadlines[e.digest].Sub(simStart))
 		o.violation(vStaleWrite, "%s accepted from an expired owner", what)
-	case h == nil || h.Digest != e.digest || o.reg.holder != e.digest:
+	case h == nil || h.Digest != e.digest || a.regHolder != e.digest:
 		o.violation(vStaleWrite, "%s accepted while the registry's holder is %s", what, holderName(h))
-	case e.grant.PolicyGeneration != r.fr.Generation:
-		o.violation(vStaleWrite, "%s accepted with policy generation %d; the FencedResource is at %d", what, e.grant.PolicyGeneration, r.fr.Generation)
+	case e.grant.PolicyGeneration != a.generation:
+		o.violation(vStaleWrite, "%s accepted with policy generation %d; the FencedResource is at %d", what, e.grant.PolicyGeneration, a.generation)
 	}
 	// The fence rules, against what the object accepted before.
 	f, seg := e.grant.FenceToken, e.Segment
@@ -511,7 +546,13 @@ func (o *oracle) receiptLogExtended(old, obj map[string]any, e *oracleEnvelope) 
 
 // unknownResolved checks a client's resolution of a MUTATION_UNKNOWN against
 // what the object really stored when the client read it (at tick read).
-func (o *oracle) unknownResolved(want fence.Receipt, outcome lockclient.Resolution, read int64) {
+//
+// A send resolved proven absent is a claim that it never lands: should it
+// land later, judgeCommitted reports it.
+func (o *oracle) unknownResolved(reqID int64, want fence.Receipt, outcome lockclient.Resolution, read int64) {
+	if outcome == lockclient.ProvenAbsent {
+		o.claimedAbsent[reqID] = read
+	}
 	key := segmentKey(want.Fence, want.Segment, want.Operation)
 	seg, stored := o.written[key]
 	stored = stored && seg.tick <= read

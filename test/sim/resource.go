@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -44,6 +46,23 @@ type resource struct {
 	// FencedResource webhook labels it before it admits the entry, so it is
 	// true for as long as the entry exists: the whole schedule.
 	enrolled bool
+	// late are writes admitted and not yet applied (see request.commitAfter).
+	late []*lateCommit
+}
+
+// lateCommit is a write the acceptance point admitted whose etcd
+// transaction is applied only at at, if the object is still at the version
+// it was admitted against (for a create: still absent).
+type lateCommit struct {
+	req     *request
+	obj     map[string]any
+	verdict fence.Verdict
+	at      time.Time
+	rv      int64 // the stored version when admitted
+	// The oracle's judgement at admission.
+	env      *oracleEnvelope
+	class    authClass
+	admitted acceptance
 }
 
 // observation is what the webhook's StatusRecorder queues for the FencedResource status.
@@ -125,6 +144,15 @@ func (s *resource) serve(req *request) *reply {
 		s.w.res.countVerdict(rp.verdict, req.fault)
 	}
 	mutation := old == nil || !sameObject(old, obj)
+	if allowed && mutation && req.commitAfter > 0 && (req.create || req.rv != "") {
+		// Admitted; etcd applies it later (its answer is lost: dropReply).
+		env, class, _ := s.w.oracle.judgeAttempt(req, old, obj)
+		s.late = append(s.late, &lateCommit{req: req, obj: obj, verdict: rp.verdict, at: s.w.now.Add(req.commitAfter), rv: s.rv,
+			env: env, class: class, admitted: s.w.oracle.acceptanceNow()})
+		s.w.tracef("object: %s by %s admitted (%s); etcd applies it at +%s", s.w.describeWrite(req.object), req.user, rp.verdict,
+			s.w.now.Add(req.commitAfter).Sub(simStart).Truncate(time.Millisecond))
+		return rp
+	}
 	s.w.oracle.judgeWrite(req, old, obj, allowed && mutation, rp.verdict)
 	if !allowed {
 		rp.status = replyDenied
@@ -143,6 +171,35 @@ func (s *resource) serve(req *request) *reply {
 	}
 	rp.rv = strconv.FormatInt(s.rv, 10)
 	return rp
+}
+
+// applyLate applies late commit i, or fails it (nobody hears of either)
+// when the object moved since its admission.
+func (s *resource) applyLate(i int) {
+	lc := s.late[i]
+	s.late = slices.Delete(s.late, i, i+1)
+	if (lc.req.create && s.stored != nil) || (!lc.req.create && (s.stored == nil || s.rv != lc.rv)) {
+		s.w.res.LateCommitsFailed++
+		s.w.tracef("object: the late write #%d fails: the object moved since its admission", lc.req.id)
+		return
+	}
+	s.w.res.LateCommitsLanded++
+	s.w.oracle.judgeCommitted(lc.req, s.stored, lc.obj, lc.verdict, lc.env, lc.class, lc.admitted)
+	s.rv++
+	setRV(lc.obj, strconv.FormatInt(s.rv, 10))
+	s.stored, s.storedJSON = lc.obj, mustJSON(lc.obj)
+	s.w.tracef("object: the late write #%d lands: %s", lc.req.id, s.w.describeWrite(lc.obj))
+}
+
+// nextLate is when the next late commit is due (zero: none).
+func (s *resource) nextLate() time.Time {
+	var next time.Time
+	for _, lc := range s.late {
+		if next.IsZero() || lc.at.Before(next) {
+			next = lc.at
+		}
+	}
+	return next
 }
 
 // serveDelete deletes the object if the preconditions hold and the webhook

@@ -46,6 +46,10 @@ type Config struct {
 	// objects could share a name: the webhook's rule before target claims
 	// (a lookup, which overlapping creates both pass). Tests only.
 	unnamedClaims bool
+	// lostSendsProvenAbsent: the client rule before issue 29, which took a
+	// read that does not show a write for proof that it is absent even
+	// while the write may still land. Tests only.
+	lostSendsProvenAbsent bool
 	// Trace records one line per event (slow: for replaying a seed).
 	Trace bool
 	// StopAtFirstViolation ends a schedule at its first violation.
@@ -91,11 +95,18 @@ type Counters struct {
 	TwinsInFlight int64
 	TwinsRefused  int64
 
-	UnknownOutcomes      int64 // writes that got no answer (MUTATION_UNKNOWN)
-	UnknownApplied       int64
-	UnknownAbsent        int64
-	UnknownUndetermined  int64 // flagged ReconciliationRequired
-	UnknownUnsettled     int64 // still unknown when the schedule ended
+	UnknownOutcomes     int64 // writes that got no answer (MUTATION_UNKNOWN)
+	UnknownApplied      int64
+	UnknownAbsent       int64
+	UnknownUndetermined int64 // flagged ReconciliationRequired
+	UnknownUnsettled    int64 // still unknown when the schedule ended
+	// UnknownInFlight: resolutions that found the write not landed but still
+	// able to land (the object at the version it was conditioned on).
+	UnknownInFlight int64
+	// LateCommits: writes admitted whose etcd transaction came later, after
+	// their client gave up: landed, or failed as the object had moved on.
+	LateCommitsLanded    int64
+	LateCommitsFailed    int64
 	MaxUnknownResolution time.Duration
 
 	LinearizabilityUnknown int64
@@ -161,6 +172,9 @@ func (c *Counters) add(o *Counters) {
 	c.UnknownAbsent += o.UnknownAbsent
 	c.UnknownUndetermined += o.UnknownUndetermined
 	c.UnknownUnsettled += o.UnknownUnsettled
+	c.UnknownInFlight += o.UnknownInFlight
+	c.LateCommitsLanded += o.LateCommitsLanded
+	c.LateCommitsFailed += o.LateCommitsFailed
 	c.MaxUnknownResolution = max(c.MaxUnknownResolution, o.MaxUnknownResolution)
 	c.LinearizabilityUnknown += o.LinearizabilityUnknown
 	for i := range c.Faults {

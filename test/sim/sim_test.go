@@ -190,6 +190,29 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 	}
 }
 
+// TestOracleCatchesLostSendsTakenForAbsent: with the client rule before
+// issue 29 (a read that misses a write proves it absent, though the write
+// may still land), writes admitted and applied after their client gave up
+// land after the client called them absent, and the oracle reports it; with
+// the library's rule (lockclient.ResolveSent) none does.
+func TestOracleCatchesLostSendsTakenForAbsent(t *testing.T) {
+	faults := []Fault{FaultLostWriteAck, FaultOwnerPause, FaultLostRenewalResponse}
+	broken := Run(1, 400, 0, Config{Faults: faults, lostSendsProvenAbsent: true}, nil)
+	if broken.Violated[vUnknownMisresolved] == 0 {
+		t.Fatalf("the oracle reported no %q over %d schedules (late commits landed %d)", violationNames[vUnknownMisresolved], broken.Schedules, broken.LateCommitsLanded)
+	}
+	t.Logf("old rule: %d of %d schedules failed; first: %s", broken.FailedCount, broken.Schedules, broken.Failed[0].Describe())
+	fixed := Run(1, 400, 0, Config{Faults: faults}, nil)
+	if !fixed.Passed() {
+		t.Fatalf("the library's rule failed: %s", fixed.Failed[0].Describe())
+	}
+	if fixed.LateCommitsLanded == 0 || fixed.UnknownInFlight == 0 {
+		t.Fatalf("no late commit landed (%d) or no resolution found a write in flight (%d): the schedules do not reach issue 29's path",
+			fixed.LateCommitsLanded, fixed.UnknownInFlight)
+	}
+	t.Logf("library's rule: %d late commits landed, %d failed, %d resolutions found a write in flight", fixed.LateCommitsLanded, fixed.LateCommitsFailed, fixed.UnknownInFlight)
+}
+
 // TestRegisterModel: the history checker rejects histories a fenced register
 // cannot produce, and accepts unanswered writes either way.
 func TestRegisterModel(t *testing.T) {

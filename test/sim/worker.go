@@ -22,7 +22,10 @@ const maxTriesPerJob = 20
 //   - a lost acquire response is recovered by reading the same requestID;
 //   - the guard: a new effect (a write) is started only in HELD;
 //   - a write without an answer is MUTATION_UNKNOWN, resolved from the
-//     object's receipts by operation ID before anything else;
+//     object's receipts by operation ID before anything else, with the
+//     library's rule (lockclient.ResolveSent): while the object is still at
+//     the version the write was conditioned on, it is in flight, not absent,
+//     and no refusal is reported until every such send is decided;
 //   - a job is one operation of segments 1..N under one operation root.
 type worker struct {
 	w        *world
@@ -33,9 +36,14 @@ type worker struct {
 	tries    int // acquisitions for the current job
 	attempt  int // acquisitions so far; names the requestIDs
 
-	lock        *clientLock
-	prepared    *request // a write built after the guard passed, not yet sent
-	unknown     *unknownWrite
+	lock     *clientLock
+	prepared *request // a write built after the guard passed, not yet sent
+	unknown  *unknownWrite
+	// inFlight are sends that got no answer and may still land; settleThen,
+	// a last read to decide them before the worker stops writing under its
+	// lock (then it goes on with settleThen).
+	inFlight    []*unknownWrite
+	settleThen  func()
 	pending     *request // the outstanding request
 	wakeAt      time.Time
 	pausedUntil time.Time
@@ -76,9 +84,9 @@ type clientLock struct {
 }
 
 type unknownWrite struct {
-	want   fence.Receipt
-	digest string // the grant it was written under
-	since  time.Time
+	sent  lockclient.Sent
+	reqID int64 // the request that carried it
+	since time.Time
 }
 
 // armedFaults are one-shot faults the adversary set up for the worker's next
@@ -98,7 +106,7 @@ func newWorker(w *world, name string, jobs, segments int) *worker {
 func (k *worker) paused() bool { return k.w.now.Before(k.pausedUntil) }
 
 func (k *worker) hasWork() bool {
-	return k.prepared != nil || k.unknown != nil || k.lock != nil || k.jobsLeft > 0
+	return k.prepared != nil || k.unknown != nil || k.settleThen != nil || k.lock != nil || k.jobsLeft > 0
 }
 
 func (k *worker) ready() bool {
@@ -110,7 +118,8 @@ func (k *worker) timedOut() bool {
 }
 
 func (k *worker) finishedAll() bool {
-	return k.jobsLeft == 0 && k.lock == nil && k.unknown == nil && k.pending == nil && k.prepared == nil
+	return k.jobsLeft == 0 && k.lock == nil && k.unknown == nil && k.pending == nil && k.prepared == nil &&
+		len(k.inFlight) == 0 && k.settleThen == nil
 }
 
 // nextEvent is when the worker next wants to do something.
@@ -171,11 +180,15 @@ func (k *worker) act() {
 		k.sendWrite(r)
 		return
 	}
-	if k.unknown != nil {
+	if k.unknown != nil || k.settleThen != nil {
 		k.send(&request{kind: reqGetObject}) // resolve before anything else
 		return
 	}
 	l := k.lock
+	if l == nil && len(k.inFlight) > 0 {
+		k.settleThen = func() {} // nothing left to write under: decide them
+		return
+	}
 	switch {
 	case l == nil:
 		k.acquire()
@@ -257,6 +270,13 @@ func (k *worker) sendWrite(r *request) {
 		r.dropReply, r.fault = true, FaultLostWriteAck
 		k.w.res.Faults[FaultLostWriteAck]++
 		k.w.tracef("FAULT %s: the answer to %s's write will be lost", FaultLostWriteAck, k.name)
+		if k.w.rng.IntN(2) == 0 {
+			// In flight at the server: admitted at once, applied by etcd up
+			// to two leases later, after the client gave up and read the
+			// object (issue 29, found by make chaos).
+			r.commitAfter = time.Duration(1+k.w.rng.Int64N(int64(2*lease))) * time.Nanosecond
+			k.w.tracef("FAULT %s: %s's write will wait at the API server for %s", FaultLostWriteAck, k.name, r.commitAfter.Truncate(time.Millisecond))
+		}
 	}
 	if k.armed.delayWrite {
 		k.armed.delayWrite = false
@@ -309,11 +329,12 @@ func (k *worker) onReply(rp *reply) {
 			k.reacquireAtOnce()
 		}
 	case reqGetObject:
-		if k.unknown != nil {
-			k.resolve(rp.object, rp.served)
-		} else {
-			k.prepare(rp.object, rp.deleted)
+		if k.unknown != nil || k.settleThen != nil || len(k.inFlight) > 0 {
+			if !k.settle(rp) {
+				return
+			}
 		}
+		k.prepare(rp.object, rp.deleted)
 	case reqWriteObject:
 		k.writeAnswered(rp)
 	case reqDeleteObject:
@@ -340,7 +361,8 @@ func (k *worker) timeout() {
 			k.setState(lockclient.StateOwnershipUnknown)
 		}
 	case reqWriteObject:
-		k.unknown = &unknownWrite{want: r.receipt, digest: k.w.grantDigestOf(r), since: k.w.now}
+		k.unknown = &unknownWrite{sent: lockclient.Sent{Receipt: r.receipt, Create: r.create, ResourceVersion: r.rv, GrantDigest: k.w.grantDigestOf(r)},
+			reqID: r.id, since: k.w.now}
 		k.w.res.UnknownOutcomes++
 		k.w.tracef("%s: MUTATION_UNKNOWN (fence %d segment %d)", k.name, r.receipt.Fence, r.receipt.Segment)
 	}
@@ -395,6 +417,10 @@ func (k *worker) observe(rp *reply) {
 // lockEnded starts over after EXPIRED or RELEASED: the job is done if its
 // operation committed, otherwise it is tried again under a new acquisition.
 func (k *worker) lockEnded() {
+	if len(k.inFlight) > 0 {
+		k.settleThen = k.lockEnded
+		return
+	}
 	l := k.lock
 	k.lock = nil
 	if l.held && l.committed >= int64(k.segments) {
@@ -534,6 +560,12 @@ func (k *worker) writeAnswered(rp *reply) {
 	applied := rp.status == replyOK || rp.verdict == fence.AlreadyApplied // ALREADY_APPLIED is success
 	switch {
 	case applied:
+		for _, u := range k.inFlight {
+			// Superseded: conditioned on the version this write moved past.
+			k.w.res.UnknownAbsent++
+			k.w.res.MaxUnknownResolution = max(k.w.res.MaxUnknownResolution, k.w.now.Sub(u.since))
+		}
+		k.inFlight = nil
 		if l != nil && l.digest == k.w.grantDigestOf(r) {
 			l.committed = max(l.committed, r.receipt.Segment)
 			l.workUntil = k.w.now.Add(computeTime(k.w))
@@ -574,6 +606,12 @@ func (k *worker) deleteAnswered(rp *reply) {
 
 // giveUp stops using the lock after a denial: release it if we may still hold it.
 func (k *worker) giveUp() {
+	if len(k.inFlight) > 0 {
+		// The library reports the refusal only once every earlier send
+		// that got no answer is decided.
+		k.settleThen = k.giveUp
+		return
+	}
 	l := k.lock
 	if l == nil {
 		return
@@ -585,43 +623,80 @@ func (k *worker) giveUp() {
 	k.setState(lockclient.StateExpired)
 }
 
-// resolve decides a write of unknown outcome from the object's receipt log
-// (as read at tick read), with the client library's rule (lockclient.ResolveFromLog).
-func (k *worker) resolve(obj map[string]any, read int64) {
-	u := k.unknown
-	k.unknown = nil
-	outcome := lockclient.Undeterminable
-	st := fence.State{} // an absent object holds no fence state
-	var err error
-	if obj != nil {
-		ann := annotations(obj)
-		st, err = fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+// settle decides the sends that got no answer from a read (the client
+// library's decideLost, with its rule, lockclient.ResolveSent): a fresh
+// unknown outcome, and those still in flight. A send in flight stays
+// undecided; before the worker stops writing under its lock (settleThen),
+// what is still in flight is MUTATION_UNKNOWN for a human, never a refusal.
+// It reports whether the read may go on to build the next write.
+func (k *worker) settle(rp *reply) bool {
+	res := k.w.res
+	fresh := k.unknown != nil
+	sends := k.inFlight
+	if fresh {
+		sends = append(sends, k.unknown)
+	}
+	then := k.settleThen
+	k.unknown, k.inFlight, k.settleThen = nil, nil, nil
+	seen, err := observed(rp.object, rp.deleted)
+	undetermined := false
+	for _, u := range sends {
+		out := lockclient.Undeterminable
+		if err == nil {
+			out, _ = lockclient.ResolveSent(u.sent, seen)
+		}
+		if out == lockclient.InFlight && k.w.cfg.lostSendsProvenAbsent {
+			out = lockclient.ProvenAbsent // the rule before issue 29: a read that misses it
+		}
+		k.w.oracle.unknownResolved(u.reqID, u.sent.Receipt, out, rp.served)
+		k.w.tracef("%s: MUTATION_UNKNOWN (fence %d segment %d, #%d): %s", k.name, u.sent.Receipt.Fence, u.sent.Receipt.Segment, u.reqID, out)
+		switch out {
+		case lockclient.InFlight:
+			res.UnknownInFlight++
+			k.inFlight = append(k.inFlight, u)
+			continue
+		case lockclient.Applied:
+			res.UnknownApplied++
+			if l := k.lock; l != nil && l.digest == u.sent.GrantDigest {
+				l.committed = max(l.committed, u.sent.Receipt.Segment)
+			}
+		case lockclient.ProvenAbsent:
+			res.UnknownAbsent++ // the next step re-reads and, under the guard, writes again
+		default: // undeterminable, or applied with another payload
+			res.UnknownUndetermined++ // a human decides; this lock writes no more
+			undetermined = true
+		}
+		res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
+	}
+	if then != nil || undetermined {
+		for _, u := range k.inFlight {
+			k.w.tracef("%s: MUTATION_UNKNOWN stays (fence %d segment %d in flight): ReconciliationRequired", k.name, u.sent.Receipt.Fence, u.sent.Receipt.Segment)
+			res.UnknownUndetermined++
+			res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
+		}
+		k.inFlight = nil
 	}
 	switch {
-	case err == nil && obj == nil:
-		// Gone: the client asks the registry whether it was deleted after this segment.
-		outcome, _ = lockclient.ResolveDeleted(k.w.reg.fr.Status.DeletedTarget, u.digest, u.want)
-	case err == nil:
-		outcome, _ = lockclient.ResolveFromLog(st, u.want)
-	}
-	res := k.w.res
-	res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
-	k.w.oracle.unknownResolved(u.want, outcome, read)
-	switch outcome {
-	case lockclient.Applied:
-		k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: applied", k.name)
-		res.UnknownApplied++
-		if l := k.lock; l != nil && l.digest == u.digest {
-			l.committed = max(l.committed, u.want.Segment)
-		}
-	case lockclient.ProvenAbsent:
-		k.w.tracef("%s: MUTATION_UNKNOWN resolved from receipts: proven absent", k.name)
-		res.UnknownAbsent++ // the next step re-reads and, under the guard, writes again
-	default: // undeterminable, or applied with another payload
-		k.w.tracef("%s: MUTATION_UNKNOWN undeterminable: ReconciliationRequired", k.name)
-		res.UnknownUndetermined++ // a human decides; this lock writes no more
+	case undetermined:
 		k.giveUp()
+	case then != nil:
+		then()
+	case !fresh:
+		return true
 	}
+	return false
+}
+
+// observed is what the client library's read shows of a write of unknown
+// outcome: the object (nil: absent) and, when it is absent, the registry's
+// record of its last deletion.
+func observed(obj map[string]any, deleted *locksv1.DeletedTarget) (lockclient.Observed, error) {
+	if obj == nil {
+		return lockclient.Observed{Deleted: deleted}, nil
+	}
+	ann := annotations(obj)
+	st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	return lockclient.Observed{Exists: true, ResourceVersion: resourceVersion(obj), State: st}, err
 }
 
 // grantDigestOf is the digest of the grant a write carries ("" if none).

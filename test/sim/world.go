@@ -87,6 +87,10 @@ type request struct {
 	notBefore   time.Time // a delayed message is not delivered before this
 	dropRequest bool      // lost on the way: never processed
 	dropReply   bool      // processed, but the answer is lost
+	// commitAfter: a write the API server admits at once and etcd applies
+	// this long after (slow, or cut off), if the object has not moved on;
+	// its answer is lost (with dropReply).
+	commitAfter time.Duration
 	sentAt      time.Time
 	historyOp   int // index in the history, -1 when not recorded
 }
@@ -177,6 +181,7 @@ const (
 	actTimeout
 	actObservation
 	actFault
+	actLateCommit
 )
 
 type action struct {
@@ -243,7 +248,7 @@ func (w *world) done() bool {
 		return false
 	}
 	// Done when the probe committed and every unknown outcome is settled.
-	settled := !slices.ContainsFunc(w.workers, func(k *worker) bool { return k.unknown != nil })
+	settled := !slices.ContainsFunc(w.workers, func(k *worker) bool { return k.unknown != nil || len(k.inFlight) > 0 || k.settleThen != nil })
 	if w.probe.finishedAll() && settled {
 		if w.probe.abandoned > 0 {
 			w.oracle.violation(vLiveness, "a correct owner (%s) gave its operation up after %d acquisitions", w.probe.name, maxTriesPerJob)
@@ -311,6 +316,11 @@ func (w *world) stepOnce() {
 	if len(w.observations) > 0 {
 		acts = append(acts, action{actObservation, 0})
 	}
+	for i, lc := range w.obj.late {
+		if !lc.at.After(w.now) {
+			acts = append(acts, action{actLateCommit, i})
+		}
+	}
 	if !w.quiet && w.faults.due(w.rng) {
 		acts = append(acts, action{actFault, 0})
 	}
@@ -345,6 +355,9 @@ func (w *world) stepOnce() {
 		w.reg.record(o)
 	case actFault:
 		w.adv.inject()
+	case actLateCommit:
+		w.tick++
+		w.obj.applyLate(a.i)
 	}
 }
 
@@ -363,6 +376,7 @@ func (w *world) jump() {
 		consider(k.nextEvent())
 	}
 	consider(w.reg.nextEvent())
+	consider(w.obj.nextLate())
 	if next.IsZero() {
 		// Nothing is scheduled: the system is at rest. Let a second pass.
 		next = w.now.Add(time.Second)
@@ -450,6 +464,7 @@ func (w *world) finish() {
 		if k.unknown != nil {
 			w.res.UnknownUnsettled++
 		}
+		w.res.UnknownUnsettled += int64(len(k.inFlight))
 	}
 	w.hist.check(w)
 	w.res.Steps = int64(w.step)
