@@ -560,12 +560,7 @@ func (k *worker) writeAnswered(rp *reply) {
 	applied := rp.status == replyOK || rp.verdict == fence.AlreadyApplied // ALREADY_APPLIED is success
 	switch {
 	case applied:
-		for _, u := range k.inFlight {
-			// Superseded: conditioned on the version this write moved past.
-			k.w.res.UnknownAbsent++
-			k.w.res.MaxUnknownResolution = max(k.w.res.MaxUnknownResolution, k.w.now.Sub(u.since))
-		}
-		k.inFlight = nil
+		k.supersede()
 		if l != nil && l.digest == k.w.grantDigestOf(r) {
 			l.committed = max(l.committed, r.receipt.Segment)
 			l.workUntil = k.w.now.Add(computeTime(k.w))
@@ -630,7 +625,6 @@ func (k *worker) giveUp() {
 // what is still in flight is MUTATION_UNKNOWN for a human, never a refusal.
 // It reports whether the read may go on to build the next write.
 func (k *worker) settle(rp *reply) bool {
-	res := k.w.res
 	fresh := k.unknown != nil
 	sends := k.inFlight
 	if fresh {
@@ -638,8 +632,26 @@ func (k *worker) settle(rp *reply) bool {
 	}
 	then := k.settleThen
 	k.unknown, k.inFlight, k.settleThen = nil, nil, nil
+	undetermined := k.decideSends(sends, rp)
+	if then != nil || undetermined {
+		k.escalateInFlight()
+	}
+	switch {
+	case undetermined:
+		k.giveUp()
+	case then != nil:
+		then()
+	case !fresh:
+		return true
+	}
+	return false
+}
+
+// decideSends resolves each send from the read rp answered; those in flight
+// go back to k.inFlight. It reports whether one is undeterminable.
+func (k *worker) decideSends(sends []*unknownWrite, rp *reply) (undetermined bool) {
+	res := k.w.res
 	seen, err := observed(rp.object, rp.deleted)
-	undetermined := false
 	for _, u := range sends {
 		out := lockclient.Undeterminable
 		if err == nil {
@@ -668,23 +680,29 @@ func (k *worker) settle(rp *reply) bool {
 		}
 		res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
 	}
-	if then != nil || undetermined {
-		for _, u := range k.inFlight {
-			k.w.tracef("%s: MUTATION_UNKNOWN stays (fence %d segment %d in flight): ReconciliationRequired", k.name, u.sent.Receipt.Fence, u.sent.Receipt.Segment)
-			res.UnknownUndetermined++
-			res.MaxUnknownResolution = max(res.MaxUnknownResolution, k.w.now.Sub(u.since))
-		}
-		k.inFlight = nil
+	return undetermined
+}
+
+// escalateInFlight: the worker stops writing under its lock with sends
+// still in flight. The library reports MUTATION_UNKNOWN for them, recorded
+// for a human (ReconciliationRequired), never the refusal.
+func (k *worker) escalateInFlight() {
+	for _, u := range k.inFlight {
+		k.w.tracef("%s: MUTATION_UNKNOWN stays (fence %d segment %d in flight): ReconciliationRequired", k.name, u.sent.Receipt.Fence, u.sent.Receipt.Segment)
+		k.w.res.UnknownUndetermined++
+		k.w.res.MaxUnknownResolution = max(k.w.res.MaxUnknownResolution, k.w.now.Sub(u.since))
 	}
-	switch {
-	case undetermined:
-		k.giveUp()
-	case then != nil:
-		then()
-	case !fresh:
-		return true
+	k.inFlight = nil
+}
+
+// supersede: a send of the segment landed, so the earlier ones in flight,
+// conditioned on the version it moved past, never will.
+func (k *worker) supersede() {
+	for _, u := range k.inFlight {
+		k.w.res.UnknownAbsent++
+		k.w.res.MaxUnknownResolution = max(k.w.res.MaxUnknownResolution, k.w.now.Sub(u.since))
 	}
-	return false
+	k.inFlight = nil
 }
 
 // observed is what the client library's read shows of a write of unknown
