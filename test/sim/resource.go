@@ -42,6 +42,7 @@ type resource struct {
 	accept     AcceptFunc
 	uid        int
 	objects    int // numbers the UIDs of created objects
+	created    int // incarnations stored
 	// enrolled: the namespace carries fencekeeper.dev/enrolled=true. The
 	// FencedResource webhook labels it before it admits the entry, so it is
 	// true for as long as the entry exists: the whole schedule.
@@ -59,6 +60,11 @@ type lateCommit struct {
 	verdict fence.Verdict
 	at      time.Time
 	rv      int64 // the stored version when admitted
+	// created: how many incarnations the object had when admitted. A
+	// create lands only into the absence it was admitted against (see
+	// security.md, "Known limits": one delayed past another incarnation's
+	// create and delete is not modelled).
+	created int
 	// The oracle's judgement at admission.
 	env      *oracleEnvelope
 	class    authClass
@@ -147,7 +153,7 @@ func (s *resource) serve(req *request) *reply {
 	if allowed && mutation && req.commitAfter > 0 && (req.create || req.rv != "") {
 		// Admitted; etcd applies it later (its answer is lost: dropReply).
 		env, class, _ := s.w.oracle.judgeAttempt(req, old, obj)
-		s.late = append(s.late, &lateCommit{req: req, obj: obj, verdict: rp.verdict, at: s.w.now.Add(req.commitAfter), rv: s.rv,
+		s.late = append(s.late, &lateCommit{req: req, obj: obj, verdict: rp.verdict, at: s.w.now.Add(req.commitAfter), rv: s.rv, created: s.created,
 			env: env, class: class, admitted: s.w.oracle.acceptanceNow()})
 		s.w.tracef("object: %s by %s admitted (%s); etcd applies it at +%s", s.w.describeWrite(req.object), req.user, rp.verdict,
 			s.w.now.Add(req.commitAfter).Sub(simStart).Truncate(time.Millisecond))
@@ -162,6 +168,9 @@ func (s *resource) serve(req *request) *reply {
 		return rp
 	}
 	if mutation {
+		if old == nil {
+			s.created++
+		}
 		s.rv++
 		setRV(obj, strconv.FormatInt(s.rv, 10))
 		s.stored, s.storedJSON = obj, mustJSON(obj)
@@ -178,12 +187,15 @@ func (s *resource) serve(req *request) *reply {
 func (s *resource) applyLate(i int) {
 	lc := s.late[i]
 	s.late = slices.Delete(s.late, i, i+1)
-	if (lc.req.create && s.stored != nil) || (!lc.req.create && (s.stored == nil || s.rv != lc.rv)) {
+	if (lc.req.create && (s.stored != nil || s.created != lc.created)) || (!lc.req.create && (s.stored == nil || s.rv != lc.rv)) {
 		s.w.res.LateCommitsFailed++
 		s.w.tracef("object: the late write #%d fails: the object moved since its admission", lc.req.id)
 		return
 	}
 	s.w.res.LateCommitsLanded++
+	if lc.req.create {
+		s.created++
+	}
 	s.w.oracle.judgeCommitted(lc.req, s.stored, lc.obj, lc.verdict, lc.env, lc.class, lc.admitted)
 	s.rv++
 	setRV(lc.obj, strconv.FormatInt(s.rv, 10))
