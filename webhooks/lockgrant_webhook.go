@@ -221,6 +221,9 @@ func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.Fen
 		return field.ErrorList{field.Invalid(spec.Child("owner"), lg.Spec.Owner,
 			fmt.Sprintf("must equal the requesting user %q: a LockGrant can only be requested for yourself", user))}
 	}
+	if err := locksv1.UnsignableRequest(lg.Spec); err != nil {
+		return field.ErrorList{field.Invalid(spec, "", fmt.Sprintf("no grant can be signed for this request: %v", err))}
+	}
 	switch reason, _ := fr.PolicyViolation(user, lg.Spec.OperationCategory); reason {
 	case locksv1.ReasonOwnerNotAllowed:
 		return field.ErrorList{field.Forbidden(spec.Child("owner"), fmt.Sprintf("%q is not in FencedResource %s spec.allowedOwners", user, fr.Name))}

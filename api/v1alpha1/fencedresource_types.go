@@ -70,6 +70,7 @@ type FencedResourceSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="resourceID must be at most 253 bytes of UTF-8 (a signed grant field)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resourceID is immutable"
 	ResourceID string `json:"resourceID"`
 

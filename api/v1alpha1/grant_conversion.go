@@ -27,6 +27,24 @@ func (h *Holder) Grant(resourceID string) grant.Grant {
 	}
 }
 
+// UnsignableRequest says why no grant could ever be signed for a request
+// spec: a field longer than a grant holds, counted in UTF-8 bytes where the
+// schema's maxLength counts characters (empty and malformed fields are the
+// schema's to refuse). The LockGrant webhook refuses such a request and the
+// issuer denies one that got in anyway, instead of failing its decision for
+// every request queued behind it; the CRD schema checks the same limit.
+func UnsignableRequest(spec LockGrantSpec) error {
+	for _, f := range []struct{ name, v string }{
+		{"spec.resource", spec.Resource}, {"spec.owner", spec.Owner}, {"spec.requestID", spec.RequestID},
+		{"spec.lease", spec.Lease}, {"spec.operationCategory", spec.OperationCategory},
+	} {
+		if err := grant.CheckFieldSize(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // HeldStatus is the LockGrant status the holder record stands for: Held,
 // with the signed grant, digest, proof, expiry and applied renewals the
 // allocating compare-and-swap wrote (conditions aside). The issuer mirrors it

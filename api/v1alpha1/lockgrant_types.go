@@ -79,6 +79,9 @@ const (
 	ReasonCategoryDenied   = "OperationCategoryNotAllowed"
 	ReasonDuplicateRequest = "DuplicateRequestID"
 	ReasonNoSuchResource   = "FencedResourceNotFound"
+	// ReasonUnsignable: no grant can be signed for the request (a field
+	// longer than a grant holds, counted in bytes); see UnsignableRequest.
+	ReasonUnsignable = "RequestCannotBeSigned"
 )
 
 // LockGrantSpec is one acquisition request. Everything but renewals and release is immutable.
@@ -87,6 +90,7 @@ type LockGrantSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="resource must be at most 253 bytes of UTF-8 (a signed grant field)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resource is immutable"
 	Resource string `json:"resource"`
 
@@ -94,6 +98,7 @@ type LockGrantSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="owner must be at most 253 bytes of UTF-8 (a signed grant field)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="owner is immutable"
 	Owner string `json:"owner"`
 
@@ -104,6 +109,7 @@ type LockGrantSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="requestID must be at most 253 bytes of UTF-8 (a signed grant field)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="requestID is immutable"
 	RequestID string `json:"requestID"`
 
@@ -111,6 +117,7 @@ type LockGrantSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="lease must be at most 253 bytes of UTF-8 (a signed grant field)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="lease is immutable"
 	Lease string `json:"lease"`
 
@@ -124,6 +131,7 @@ type LockGrantSpec struct {
 	// +optional
 	// +kubebuilder:default=""
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="operationCategory must be at most 253 bytes of UTF-8 (a signed grant field)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="operationCategory is immutable"
 	OperationCategory string `json:"operationCategory,omitempty"`
 

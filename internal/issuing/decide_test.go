@@ -396,3 +396,36 @@ func historyEvent(step int, grants []locksv1.LockGrant, now time.Time) []locksv1
 	}
 	return grants
 }
+
+// TestDecideDeniesAnUnsignableRequest (issue 30): a request whose fields
+// fit the schema's character counts but not a grant's bytes (128 multibyte
+// characters) once failed every decision, so nobody queued behind it was
+// ever served. It is denied with its reason, and the next one is issued.
+func TestDecideDeniesAnUnsignableRequest(t *testing.T) {
+	for _, field := range []string{"requestID", "lease", "operationCategory", "owner"} {
+		t.Run(field, func(t *testing.T) {
+			f := fr(10)
+			hostile, honest := lg("hostile", 0), lg("honest", time.Second)
+			long := strings.Repeat("ü", 128) // 256 bytes
+			switch field {
+			case "requestID":
+				hostile.Spec.RequestID = long
+			case "lease":
+				hostile.Spec.Lease = long
+			case "operationCategory":
+				hostile.Spec.OperationCategory = long
+			case "owner":
+				hostile.Spec.Owner = long
+			}
+			grants := []locksv1.LockGrant{hostile, honest}
+			apply(t, Input{Resource: f, Grants: grants, Now: t0.Add(2 * time.Second), Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)})
+			if got := phases(grants); got != "hostile=Denied honest=Held" {
+				t.Fatalf("%s of 256 bytes: %s", field, got)
+			}
+			c := grants[0].Status.Conditions[0]
+			if c.Reason != locksv1.ReasonUnsignable || !strings.Contains(c.Message, "spec."+field+" is 256 bytes") {
+				t.Errorf("the denial does not say which field and why: %s: %s", c.Reason, c.Message)
+			}
+		})
+	}
+}

@@ -36,6 +36,10 @@ func denial(fr *locksv1.FencedResource, lg *locksv1.LockGrant, served map[string
 	if n := served[lg.Spec.RequestID]; n != lg.Name {
 		return locksv1.ReasonDuplicateRequest, fmt.Sprintf("LockGrant %s already carries requestID %q for this resource", n, lg.Spec.RequestID)
 	}
+	if err := locksv1.UnsignableRequest(lg.Spec); err != nil {
+		// Denied, not queued: its signing would fail the whole decision.
+		return locksv1.ReasonUnsignable, fmt.Sprintf("no grant can be signed for this request: %v", err)
+	}
 	return fr.PolicyViolation(lg.Spec.Owner, lg.Spec.OperationCategory)
 }
 

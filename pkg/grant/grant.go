@@ -29,8 +29,17 @@ const Schema = "lockGrant.v1"
 // MaxDocumentBytes bounds an encoded grant; anything longer is rejected before parsing.
 const MaxDocumentBytes = 4096
 
-// maxFieldLen bounds every string field so that a grant always fits in MaxDocumentBytes.
-const maxFieldLen = 253
+// MaxFieldBytes bounds every string field, in bytes of UTF-8 (not
+// characters), so that a grant always fits in MaxDocumentBytes.
+const MaxFieldBytes = 253
+
+// CheckFieldSize refuses a field value longer than a grant holds.
+func CheckFieldSize(name, v string) error {
+	if len(v) > MaxFieldBytes {
+		return fmt.Errorf("%w: %s is %d bytes of UTF-8, longer than the %d a grant field holds", ErrMalformed, name, len(v), MaxFieldBytes)
+	}
+	return nil
+}
 
 // Grant is the lockGrant.v1 document. Field order is the canonical key order.
 type Grant struct {
@@ -79,12 +88,12 @@ func (g *Grant) Validate() error {
 		if f.v == "" {
 			return bad("%s is empty", f.name)
 		}
-		if len(f.v) > maxFieldLen {
-			return bad("%s is longer than %d bytes", f.name, maxFieldLen)
+		if err := CheckFieldSize(f.name, f.v); err != nil {
+			return err
 		}
 	}
-	if len(g.OperationCategory) > maxFieldLen {
-		return bad("operationCategory is longer than %d bytes", maxFieldLen)
+	if err := CheckFieldSize("operationCategory", g.OperationCategory); err != nil {
+		return err
 	}
 	if !IsDigest(g.OperationRoot) {
 		return bad("operationRoot %q is not sha256:<64 hex digits>", g.OperationRoot)

@@ -1,0 +1,45 @@
+package envtest
+
+import (
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+// Issue 30, path 1: a field of 128 multibyte characters passed the schema
+// (maxLength counts characters) and then failed the grant's byte limit in
+// the issuer, which aborted every decision for the resource: nobody queued
+// behind it was served. The schema and the LockGrant webhook now count
+// bytes as a grant does, and say which field and which limit.
+var _ = Describe("hostile input: field sizes in bytes", func() {
+	var ns string
+	BeforeEach(func() {
+		ns = newNamespace()
+		newFencedResource(ns, "batch", 10)
+	})
+
+	long := strings.Repeat("ü", 128) // 128 characters, 256 bytes
+	for _, c := range []struct {
+		field string
+		set   func(*locksv1.LockGrant)
+	}{
+		{"requestID", func(lg *locksv1.LockGrant) {
+			lg.Spec.RequestID = long
+			lg.Name = locksv1.LockGrantName("batch", long)
+		}},
+		{"lease", func(lg *locksv1.LockGrant) { lg.Spec.Lease = long }},
+		{"operationCategory", func(lg *locksv1.LockGrant) { lg.Spec.OperationCategory = long }},
+	} {
+		It("refuses a LockGrant whose "+c.field+" is 128 characters but 256 bytes, and serves the next request", func() {
+			lg := newGrant(ns, "batch", "worker-a", "hostile")
+			c.set(lg)
+			Expect(workers["worker-a"].Create(suiteCtx, lg)).To(invalidAt("spec."+c.field, "at most 253 bytes of UTF-8"))
+			honest := request(ns, "batch", "worker-b", "honest")
+			Eventually(func() locksv1.LockGrantPhase { return getGrant(ns, honest.Name).Status.Phase }, 10*time.Second).Should(Equal(locksv1.PhaseHeld))
+		})
+	}
+})
