@@ -109,9 +109,27 @@ type unresolvedSummary struct {
 	nextDue time.Duration
 }
 
+// Bounds of the condition message: a record is the LockGrant owner's text,
+// and a condition message over 32 KiB makes the whole status update fail
+// (after which real overdue records would never raise the condition).
+const (
+	maxListedOverdue   = 10
+	maxOverdueEntryLen = 512
+)
+
 func (s unresolvedSummary) message() string {
+	listed := make([]string, 0, min(len(s.overdue), maxListedOverdue))
+	for _, o := range s.overdue[:min(len(s.overdue), maxListedOverdue)] {
+		if len(o) > maxOverdueEntryLen {
+			o = strings.ToValidUTF8(o[:maxOverdueEntryLen], "") + "…"
+		}
+		listed = append(listed, o)
+	}
+	if more := len(s.overdue) - len(listed); more > 0 {
+		listed = append(listed, fmt.Sprintf("and %d more (kubectl get lockgrants -o yaml shows each record)", more))
+	}
 	return fmt.Sprintf("%d write outcome(s) unknown for more than %s: %s. Check the object, then remove annotation %s from the LockGrant",
-		len(s.overdue), locksv1.UnresolvedMutationDeadline, strings.Join(s.overdue, "; "), locksv1.AnnotationUnresolvedMutation)
+		len(s.overdue), locksv1.UnresolvedMutationDeadline, strings.Join(listed, "; "), locksv1.AnnotationUnresolvedMutation)
 }
 
 // summarizeUnresolved sorts the grants' records into overdue ones and the time

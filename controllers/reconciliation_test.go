@@ -2,9 +2,11 @@ package controllers
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -57,5 +59,26 @@ func TestSummarizeUnresolved(t *testing.T) {
 	// The skewed record counts from now: due in 15 minutes, not in 75.
 	if got := summarizeUnresolved(grants[4:5], now); got.nextDue != 15*time.Minute {
 		t.Errorf("skewed record: nextDue = %s, want 15m", got.nextDue)
+	}
+}
+
+// TestUnresolvedMessageIsBounded (issue 30, path 5): records are the
+// LockGrant owners' text; one record over 32 KiB once made the condition
+// update fail for good. The message stays well under the API's limit
+// whatever the records hold, and still counts them all.
+func TestUnresolvedMessageIsBounded(t *testing.T) {
+	now := time.Date(2026, 7, 19, 12, 0, 0, 0, time.UTC)
+	var grants []locksv1.LockGrant
+	for i := range 50 {
+		rec, _ := json.Marshal(locksv1.UnresolvedMutation{Object: "ConfigMap/" + strings.Repeat("ü", 20000), Operation: "op", Fence: 1, Segment: int64(i), Since: now.Add(-time.Hour)})
+		grants = append(grants, locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("g%02d", i),
+			Annotations: map[string]string{locksv1.AnnotationUnresolvedMutation: string(rec)}}})
+	}
+	msg := summarizeUnresolved(grants, now).message()
+	if len(msg) > 8<<10 || !utf8.ValidString(msg) {
+		t.Fatalf("message is %d bytes (valid UTF-8: %v)", len(msg), utf8.ValidString(msg))
+	}
+	if !strings.HasPrefix(msg, "50 write outcome(s)") || !strings.Contains(msg, "and 40 more") {
+		t.Errorf("message does not count every record: %.200s", msg)
 	}
 }
