@@ -1,9 +1,7 @@
 package envtest
 
 import (
-	"context"
 	"strings"
-	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -18,7 +16,6 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
-	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
 // shardKind has status and scale subresources (testdata/invoiceshards.yaml).
@@ -214,11 +211,7 @@ var _ = Describe("the registry decides what is protected", func() {
 		newTarget(kind, fresh, "batch", locksv1.EnforcementEnforce, func(fr *locksv1.FencedResource) { fr.Spec.FenceFloor = 1 })
 
 		c, _ := faultyWorker(fresh, "worker-a")
-		ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
-		defer cancel()
-		l, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "job-1"})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(l.Orphan)
+		l := mustAcquire(c, "batch", "job-1")
 		cm := configMapNamed(fresh, "batch")
 		r, err := l.Operation("job").Commit(suiteCtx, cm, setData(cm, "v1"))
 		Expect(err).NotTo(HaveOccurred())

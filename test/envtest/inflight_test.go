@@ -167,11 +167,7 @@ var _ = Describe("a write in flight at the API server", func() {
 		GinkgoHelper()
 		tgt := newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce, func(fr *locksv1.FencedResource) { fr.Spec.LeaseDurationSeconds = 60 })
 		c, f := faultyWorker(ns, "worker-a")
-		ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
-		defer cancel()
-		l, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "job-1"})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(l.Orphan)
+		l := mustAcquire(c, "batch", "job-1")
 		return setup{c: c, f: f, l: l, op: l.Operation("settle-2026-07-19"), cm: configMapNamed(ns, "batch"), tgt: tgt,
 			ends: func() { primary.step(61 * time.Second) }}
 	}

@@ -137,6 +137,18 @@ func faultyWorker(ns, user string) (*lockclient.Client, *faults) {
 	return c, f
 }
 
+// mustAcquire takes resource as c's user with requestID, within 20 s, and
+// orphans the lock when the spec ends.
+func mustAcquire(c *lockclient.Client, resource, requestID string) *lockclient.Lock {
+	GinkgoHelper()
+	ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
+	defer cancel()
+	l, err := c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: requestID})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(l.Orphan)
+	return l
+}
+
 // stateLog records a lock's state changes.
 type stateLog struct {
 	mu     sync.Mutex
