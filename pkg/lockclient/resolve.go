@@ -68,7 +68,8 @@ type Observed struct {
 //     is deleted, which takes a declared delete of the current holder.
 //
 // Until then the result is InFlight. The receipt log decides the rest
-// (ResolveFromLog, ResolveDeleted).
+// (resolveFromLog, resolveDeleted): they say what a read shows, and only
+// ResolveSent says what it proves, so they are not exported.
 func ResolveSent(s Sent, o Observed) (Resolution, fence.Receipt) {
 	if !s.Create && s.ResourceVersion == "" {
 		// Conditioned on nothing (the library never sends one): it lands
@@ -85,22 +86,22 @@ func ResolveSent(s Sent, o Observed) (Resolution, fence.Receipt) {
 		// landing changes the version; but it still can.
 		return InFlight, fence.Receipt{}
 	case o.Exists:
-		return ResolveFromLog(o.State, s.Receipt)
+		return resolveFromLog(o.State, s.Receipt)
 	}
-	out, r := ResolveDeleted(o.Deleted, s.GrantDigest, s.Receipt)
+	out, r := resolveDeleted(o.Deleted, s.GrantDigest, s.Receipt)
 	if out == ProvenAbsent && s.Create {
 		return InFlight, fence.Receipt{} // it lands whenever the object does not exist
 	}
 	return out, r
 }
 
-// ResolveFromLog decides a write (its fence, segment, operation and payload)
+// resolveFromLog decides a write (its fence, segment, operation and payload)
 // from the stored fence state alone. Segments of a fence are accepted in
 // order and the log keeps the newest receipts, so the write is absent now
 // when the object never reached it, or when the log reaches back past where
 // it would be and lacks it. Absent now is absent for good only if the write
 // can no longer land: ResolveSent adds that rule.
-func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Receipt) {
+func resolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Receipt) {
 	for _, r := range st.Receipts {
 		if r.Fence == want.Fence && r.Segment == want.Segment && r.Operation == want.Operation {
 			if r.Payload == want.Payload {
@@ -121,7 +122,7 @@ func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Recei
 	return Undeterminable, fence.Receipt{}
 }
 
-// ResolveDeleted decides a write of unknown outcome to an object that no
+// resolveDeleted decides a write of unknown outcome to an object that no
 // longer exists, from the registry's record of its last deletion
 // (FencedResource status.deletedTarget, fence F segment S):
 //   - deleted by this grant at or after this segment: it had landed
@@ -131,7 +132,7 @@ func ResolveFromLog(st fence.State, want fence.Receipt) (Resolution, fence.Recei
 //     a later delete would have replaced the record);
 //   - deleted by a newer fence: the object lived on past this grant and its
 //     receipts went with it, so nothing shows whether the write landed.
-func ResolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fence.Receipt) (Resolution, fence.Receipt) {
+func resolveDeleted(deleted *locksv1.DeletedTarget, grantDigest string, want fence.Receipt) (Resolution, fence.Receipt) {
 	switch {
 	case deleted == nil || deleted.FenceToken < want.Fence:
 		return ProvenAbsent, fence.Receipt{}
