@@ -53,6 +53,9 @@ type FencedResourceValidator struct {
 // names the installation's ValidatingWebhookConfiguration and namespace is
 // the operator's. It reads the target index SetupProtectedWebhook adds.
 func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration, namespace string) error {
+	if err := mgr.Add(&TargetClaimCollector{Claims: mgr.GetAPIReader(), Entries: mgr.GetClient(), Writer: mgr.GetClient(), Namespace: namespace}); err != nil {
+		return err
+	}
 	return ctrl.NewWebhookManagedBy(mgr, &locksv1.FencedResource{}).
 		WithValidator(&FencedResourceValidator{
 			Reader: mgr.GetAPIReader(), Index: mgr.GetCache(), Writer: mgr.GetClient(), Mapper: mgr.GetRESTMapper(),

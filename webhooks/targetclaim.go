@@ -1,6 +1,7 @@
 package webhooks
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -11,11 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=fencekeeper-system,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=fencekeeper-system,resources=leases,verbs=get;list;create;update;delete
 
 // One object has one registry entry. A check that reads (a LIST of the
 // entries naming the target) is passed by every create whose admission
@@ -30,7 +33,8 @@ import (
 // webhook admitted it); a later create takes it over by compare-and-swap
 // once the entry it names is gone or names another target, and the claim is
 // older than TargetClaimGrace — so that an admitted create that is still on
-// its way to storage is never overtaken.
+// its way to storage is never overtaken. TargetClaimCollector deletes such
+// claims by the same rule, so that they do not pile up.
 
 // TargetClaimGrace is how long a claim whose entry does not exist is kept
 // for that entry's create, admitted and maybe still being stored. The API
@@ -125,12 +129,16 @@ func (v *FencedResourceValidator) claimTarget(ctx context.Context, fr *locksv1.F
 // entryTargets reads the entry holder ("<namespace>/<name>") around the cache
 // and says whether it exists and names the target key.
 func (v *FencedResourceValidator) entryTargets(ctx context.Context, holder, key string) (bool, error) {
+	return entryTargets(ctx, v.Reader, holder, key)
+}
+
+func entryTargets(ctx context.Context, reader client.Reader, holder, key string) (bool, error) {
 	ns, name, ok := strings.Cut(holder, "/")
 	if !ok {
 		return false, nil
 	}
 	var other locksv1.FencedResource
-	if err := v.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &other); apierrors.IsNotFound(err) {
+	if err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &other); apierrors.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {
 		return false, fmt.Errorf("read FencedResource %s, which claims the target: %w", holder, err)
@@ -150,4 +158,89 @@ func (v *FencedResourceValidator) claimGrace() time.Duration {
 		return v.ClaimGrace
 	}
 	return TargetClaimGrace
+}
+
+// TargetClaimCollector deletes the target claims whose entry is gone (or
+// names another target) once they are older than the grace: the claims a
+// later create would take over (decideClaim). Without it every entry ever
+// created left a Lease in the operator namespace, which a tenant could grow
+// by creating and deleting entries (issue 30, path 4). A claim is deleted
+// with its UID and resourceVersion as preconditions, so a create that takes
+// it over meanwhile wins.
+type TargetClaimCollector struct {
+	// Claims lists the claim Leases (around the cache: they are not cached).
+	Claims client.Reader
+	// Entries reads FencedResources; the operator's cache will do, as a
+	// claim younger than the grace is never collected.
+	Entries   client.Reader
+	Writer    client.Writer
+	Namespace string
+	// Interval between passes (default 10 min); Grace, TargetClaimGrace by default.
+	Interval, Grace time.Duration
+}
+
+// NeedLeaderElection is true: one replica collects.
+func (c *TargetClaimCollector) NeedLeaderElection() bool { return true }
+
+// Start collects every Interval until ctx ends.
+func (c *TargetClaimCollector) Start(ctx context.Context) error {
+	t := time.NewTicker(cmp.Or(c.Interval, 10*time.Minute))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if n, err := c.Collect(ctx); err != nil && ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "collecting target claims", "deleted", n)
+		}
+	}
+}
+
+// Collect makes one pass, a page of claims at a time, and returns how many
+// it deleted.
+func (c *TargetClaimCollector) Collect(ctx context.Context) (int, error) {
+	deleted := 0
+	opts := []client.ListOption{client.InNamespace(c.Namespace), client.MatchingLabels{locksv1.LabelComponent: locksv1.ComponentTargetClaim}, client.Limit(500)}
+	for cont := ""; ; {
+		var page coordinationv1.LeaseList
+		if err := c.Claims.List(ctx, &page, append(opts, client.Continue(cont))...); err != nil {
+			return deleted, err
+		}
+		for i := range page.Items {
+			gone, err := c.collect(ctx, &page.Items[i])
+			if err != nil {
+				return deleted, err
+			}
+			if gone {
+				deleted++
+			}
+		}
+		if cont = page.Continue; cont == "" {
+			return deleted, nil
+		}
+	}
+}
+
+func (c *TargetClaimCollector) collect(ctx context.Context, claim *coordinationv1.Lease) (bool, error) {
+	holder := ptr.Deref(claim.Spec.HolderIdentity, "")
+	_, key, _ := strings.Cut(claim.Annotations[locksv1.AnnotationClaimedTarget], "/")
+	targets, err := entryTargets(ctx, c.Entries, holder, key)
+	if err != nil {
+		return false, err
+	}
+	acquired := claim.CreationTimestamp.Time
+	if claim.Spec.AcquireTime != nil {
+		acquired = claim.Spec.AcquireTime.Time
+	}
+	if decideClaim(targets, acquired, time.Now(), cmp.Or(c.Grace, TargetClaimGrace)) != claimTakeOver {
+		return false, nil
+	}
+	uid, rv := claim.UID, claim.ResourceVersion
+	err = c.Writer.Delete(ctx, claim, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return false, nil // taken over, or collected by another pass
+	}
+	return err == nil, err
 }

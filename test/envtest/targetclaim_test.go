@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 // One object has one registry entry, also when two creates race: the create
@@ -94,6 +95,44 @@ var _ = Describe("Target claims", func() {
 		held.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-time.Hour)}
 		Expect(admin.Update(suiteCtx, held)).To(Succeed())
 		Expect(admin.Create(suiteCtx, entry(ns, "third", "t"))).To(invalidAt("spec.target", "already protected by FencedResource second"))
+	})
+
+	// Issue 30, path 4: every entry ever created left its claim behind, so a
+	// tenant creating and deleting entries grew the operator namespace
+	// without bound. The operator deletes a claim a create would take over.
+	It("collects the claims of deleted entries after the grace, as the operator, and keeps live entries' claims", func() {
+		ns := newNamespace()
+		for _, name := range []string{"gone-1", "gone-2", "live"} {
+			Expect(admin.Create(suiteCtx, entry(ns, name, "t-"+name))).To(Succeed())
+		}
+		for _, name := range []string{"gone-1", "gone-2"} {
+			Expect(admin.Delete(suiteCtx, entry(ns, name, "t-"+name))).To(Succeed())
+		}
+		age := func(target string, by time.Duration) {
+			l := claimOf(ns, target)
+			l.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-by)}
+			Expect(admin.Update(suiteCtx, l)).To(Succeed())
+		}
+		age("t-gone-1", 3*time.Minute) // past the grace
+		age("t-gone-2", time.Minute)   // its create might still be on its way
+		age("t-live", time.Hour)       // old, but its entry holds it
+		op, err := client.New(opCfg, client.Options{Scheme: scheme})
+		Expect(err).NotTo(HaveOccurred())
+		c := &webhooks.TargetClaimCollector{Claims: op, Entries: op, Writer: op, Namespace: opNamespace}
+		Eventually(func() error { // the operator's own identity: its Role must allow list and delete
+			_, err := c.Collect(suiteCtx)
+			return err
+		}).Should(Succeed())
+		exists := func(target string) bool {
+			err := admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: locksv1.TargetClaimName(ns, locksv1.TargetKey("", "ConfigMap", target))}, &coordinationv1.Lease{})
+			Expect(client.IgnoreNotFound(err)).To(Succeed())
+			return err == nil
+		}
+		Expect(exists("t-gone-1")).To(BeFalse(), "a stale claim is collected")
+		Expect(exists("t-gone-2")).To(BeTrue(), "a claim younger than the grace is kept")
+		Expect(exists("t-live")).To(BeTrue(), "a live entry's claim is kept")
+		// And a new entry for the collected target needs no take-over.
+		Expect(admin.Create(suiteCtx, entry(ns, "again", "t-gone-1"))).To(Succeed())
 	})
 
 	It("leaves no claim behind for a dry run or a refused create", func() {
