@@ -21,6 +21,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/internal/enrollment"
 	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 // +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-fencedresource,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=fencedresources,verbs=create;update;delete,versions=v1alpha1,name=vfencedresource.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5
@@ -47,6 +48,9 @@ type FencedResourceValidator struct {
 	Namespace string
 	// ClaimGrace overrides TargetClaimGrace (tests).
 	ClaimGrace time.Duration
+	// Bundle verifies the fence state a target already carries: only a
+	// genuine grant of this resource raises the floor a new entry needs.
+	Bundle *TrustBundleSource
 }
 
 // SetupFencedResourceWebhook registers the validator; webhookConfiguration
@@ -60,6 +64,7 @@ func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration, namespac
 		WithValidator(&FencedResourceValidator{
 			Reader: mgr.GetAPIReader(), Index: mgr.GetCache(), Writer: mgr.GetClient(), Mapper: mgr.GetRESTMapper(),
 			WebhookConfiguration: webhookConfiguration, Namespace: namespace,
+			Bundle: &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: locksv1.TrustBundleConfigMap}},
 		}).
 		Complete()
 }
@@ -99,7 +104,11 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 		return nil, err
 	}
 	if target != nil {
-		if err := invalidFencedResource(fr, validateFloorAboveTarget(fr, target.GetAnnotations()[fence.AnnotationFence])); err != nil {
+		_, stored, err := v.Bundle.GetWithRetired(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := invalidFencedResource(fr, validateFloorAboveTarget(fr, target.GetAnnotations()[fence.AnnotationFence], stored)); err != nil {
 			return nil, err
 		}
 	}
@@ -123,10 +132,13 @@ func validateUniqueTarget(fr *locksv1.FencedResource, others []locksv1.FencedRes
 
 // validateFloorAboveTarget refuses an entry that would issue fences its target
 // already accepted (a deleted and re-created entry starts again at fence 1).
-// Fence state of another resource counts for nothing, as in the webhook.
-func validateFloorAboveTarget(fr *locksv1.FencedResource, fenceAnnotation string) field.ErrorList {
+// Only a genuine grant of this resource counts, as in the acceptance webhook
+// (bound): fence state anyone could plant on the object before it had an
+// entry (fence 2^63-1, a bogus proof) once made its entry impossible to
+// create, whatever floor the schema allows (issue 30, path 7).
+func validateFloorAboveTarget(fr *locksv1.FencedResource, fenceAnnotation string, bundle *grant.TrustBundle) field.ErrorList {
 	e, err := fence.ParseEnvelope(fenceAnnotation)
-	if err != nil || e.Grant.Resource != fr.Spec.ResourceID || e.Grant.FenceToken <= fr.Spec.FenceFloor {
+	if err != nil || !bound(fenceAnnotation, fr, bundle) || e.Grant.FenceToken <= fr.Spec.FenceFloor {
 		return nil
 	}
 	f := e.Grant.FenceToken

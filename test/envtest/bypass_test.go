@@ -1,6 +1,7 @@
 package envtest
 
 import (
+	"math"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -194,6 +195,27 @@ var _ = Describe("the registry decides what is protected", func() {
 		receipts, err := fence.ParseReceipts(t.get().GetAnnotations()[fence.AnnotationReceipts])
 		Expect(err).NotTo(HaveOccurred())
 		Expect(receipts).To(HaveLen(2), "the planted receipts are not inherited")
+	})
+
+	// Issue 30, path 7: the floor check once parsed the target's fence
+	// annotation without verifying it, so a forgery planted before the
+	// namespace was enrolled (fence 2^63-1, a bogus proof) made an entry for
+	// the object impossible to create, whatever floor the schema allows.
+	It("does not let a forged fence planted before registration raise the floor an entry needs", func() {
+		kind := protectedKinds[0]
+		fresh := newNamespace()
+		t := target{kind: kind, ns: fresh, name: "batch"}
+		a := newGrant(fresh, "batch", "worker-a", "x")
+		forged := fence.Envelope{Grant: grant.Grant{Schema: grant.Schema, Resource: "test/" + fresh + "/batch", Owner: "worker-a", RequestID: "x",
+			Lease: "l", OperationRoot: a.Spec.OperationRoot, FenceToken: math.MaxInt64, BackendRevision: "1", PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 10,
+			IssuedAt: "2026-01-01T00:00:00Z"}, Proof: "ed25519:nobody:" + strings.Repeat("A", 86) + "==", Operation: "job", Segment: 1, Payload: "sha256:" + strings.Repeat("cd", 32)}
+		ann := map[string]string{fence.AnnotationResource: "batch"}
+		_, err := fence.Stamp(ann, forged)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", nil, ann))).To(Succeed())
+		newTarget(kind, fresh, "batch", locksv1.EnforcementEnforce) // no floor: the forgery counts for nothing
+		h := held(fresh, "batch", "worker-a", "a")
+		Expect(h.Status.Grant.FenceToken).To(Equal(int64(1)))
 	})
 
 	It("lets the client start a new receipt log over a forgery of its own resource planted before registration", func() {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -147,7 +148,8 @@ func (w *world) register() {
 		w.reg.fr.Spec.Target = &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Gadget", Name: objectName}
 	}
 	v := &webhooks.FencedResourceValidator{Reader: apiReader{w.reg}, Index: indexReader{apiReader{w.reg}}, Writer: claimStore{r: w.reg},
-		Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName, Namespace: locksv1.DefaultNamespace}
+		Mapper: simMapper(), WebhookConfiguration: locksv1.WebhookConfigurationName, Namespace: locksv1.DefaultNamespace,
+		Bundle: &webhooks.TrustBundleSource{Reader: apiReader{w.reg}, Key: types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.TrustBundleConfigMap}}}
 	admit := EntryAdmitFunc(func(ctx context.Context, fr *locksv1.FencedResource) error {
 		_, err := v.ValidateCreate(ctx, fr)
 		return err
