@@ -2,6 +2,7 @@ package envtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -195,8 +196,17 @@ var _ = Describe("a write in flight at the API server", func() {
 		_, err = s.op.Commit(suiteCtx, s.cm, setData(s.cm, "part 2"))
 		notRefused(err)
 		Expect(getGrant(ns, s.l.Name()).Annotations).To(HaveKey(locksv1.AnnotationUnresolvedMutation))
+		var unknown *lockclient.UnknownOutcomeError
+		Expect(errors.As(err, &unknown)).To(BeTrue())
+		resolve := func() lockclient.Resolution {
+			out, _, err := s.op.Resolve(suiteCtx, configMapNamed(ns, "batch"), unknown.Sent)
+			Expect(err).NotTo(HaveOccurred())
+			return out
+		}
+		Expect(resolve()).To(Equal(lockclient.InFlight), "held at the server: not landed, and it still may")
 		h.release()
 		Eventually(s.tgt.content).Should(Equal("part 2"), "the first send commits: the client must not have called it refused")
+		Expect(resolve()).To(Equal(lockclient.Applied))
 	})
 
 	It("reports a create MUTATION_UNKNOWN, not refused, while its first send may still land", func() {
