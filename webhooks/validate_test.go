@@ -27,7 +27,8 @@ func TestLockGrantValidation(t *testing.T) {
 		Spec: locksv1.FencedResourceSpec{AllowedOwners: []string{"a"}, OperationCategories: []string{"settle"}}}
 	lg := func(owner, req, cat string) *locksv1.LockGrant {
 		return &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: locksv1.LockGrantName("batch", req)},
-			Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: owner, RequestID: req, OperationCategory: cat}}
+			Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: owner, RequestID: req, OperationCategory: cat,
+				Lease: "lease", OperationRoot: "sha256:" + strings.Repeat("0", 64)}}
 	}
 	renamed := func(l *locksv1.LockGrant, name string) *locksv1.LockGrant { l.Name = name; return l }
 	cases := map[string]struct {

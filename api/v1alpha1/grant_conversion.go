@@ -28,21 +28,20 @@ func (h *Holder) Grant(resourceID string) grant.Grant {
 }
 
 // UnsignableRequest says why no grant could ever be signed for a request
-// spec: a field longer than a grant holds, counted in UTF-8 bytes where the
-// schema's maxLength counts characters (empty and malformed fields are the
-// schema's to refuse). The LockGrant webhook refuses such a request and the
-// issuer denies one that got in anyway, instead of failing its decision for
-// every request queued behind it; the CRD schema checks the same limit.
+// spec: a field empty, malformed, or longer than a grant holds (counted in
+// UTF-8 bytes, where the schema's maxLength counts characters). The
+// LockGrant webhook refuses such a request and the issuer denies one that
+// got in anyway, instead of failing its decision for every request queued
+// behind it; the CRD schema checks the same limits. The entry's own fields
+// (resourceID, lease duration) are its schema's business.
 func UnsignableRequest(spec LockGrantSpec) error {
-	for _, f := range []struct{ name, v string }{
-		{"spec.resource", spec.Resource}, {"spec.owner", spec.Owner}, {"spec.requestID", spec.RequestID},
-		{"spec.lease", spec.Lease}, {"spec.operationCategory", spec.OperationCategory},
-	} {
-		if err := grant.CheckFieldSize(f.name, f.v); err != nil {
-			return err
-		}
+	h := Holder{Owner: spec.Owner, RequestID: spec.RequestID, Lease: spec.Lease, OperationRoot: spec.OperationRoot,
+		OperationCategory: spec.OperationCategory, FenceToken: 1, BackendRevision: "1", TTLSeconds: 1, IssuedAt: "2006-01-02T15:04:05Z"}
+	g := h.Grant("resource")
+	if err := g.Validate(); err != nil {
+		return err
 	}
-	return nil
+	return grant.CheckFieldSize("resource", spec.Resource)
 }
 
 // HeldStatus is the LockGrant status the holder record stands for: Held,

@@ -423,7 +423,7 @@ func TestDecideDeniesAnUnsignableRequest(t *testing.T) {
 				t.Fatalf("%s of 256 bytes: %s", field, got)
 			}
 			c := grants[0].Status.Conditions[0]
-			if c.Reason != locksv1.ReasonUnsignable || !strings.Contains(c.Message, "spec."+field+" is 256 bytes") {
+			if c.Reason != locksv1.ReasonUnsignable || !strings.Contains(c.Message, field+" is 256 bytes") {
 				t.Errorf("the denial does not say which field and why: %s: %s", c.Reason, c.Message)
 			}
 		})
