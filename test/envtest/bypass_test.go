@@ -33,6 +33,21 @@ var shardKind = protectedKind{
 
 // unfenced builds the object as a stranger would write it: no fence, and
 // labels and annotations only if given.
+// plantForgery creates t, unlabelled and so before anything protects it,
+// carrying a fence annotation for its resource under fence f with a proof
+// no key made.
+func plantForgery(t target, f int64) {
+	GinkgoHelper()
+	a := newGrant(t.ns, t.name, "worker-a", "x")
+	forged := fence.Envelope{Grant: grant.Grant{Schema: grant.Schema, Resource: "test/" + t.ns + "/" + t.name, Owner: "worker-a", RequestID: "x",
+		Lease: "l", OperationRoot: a.Spec.OperationRoot, FenceToken: f, BackendRevision: "1", PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 10,
+		IssuedAt: "2026-01-01T00:00:00Z"}, Proof: "ed25519:nobody:" + strings.Repeat("A", 86) + "==", Operation: "job", Segment: 1, Payload: "sha256:" + strings.Repeat("cd", 32)}
+	ann := map[string]string{fence.AnnotationResource: t.name}
+	_, err := fence.Stamp(ann, forged)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", nil, ann))).To(Succeed())
+}
+
 func (t target) unfenced(v string, labels, annotations map[string]string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(t.kind.gvk)
@@ -204,15 +219,7 @@ var _ = Describe("the registry decides what is protected", func() {
 	It("does not let a forged fence planted before registration raise the floor an entry needs", func() {
 		kind := protectedKinds[0]
 		fresh := newNamespace()
-		t := target{kind: kind, ns: fresh, name: "batch"}
-		a := newGrant(fresh, "batch", "worker-a", "x")
-		forged := fence.Envelope{Grant: grant.Grant{Schema: grant.Schema, Resource: "test/" + fresh + "/batch", Owner: "worker-a", RequestID: "x",
-			Lease: "l", OperationRoot: a.Spec.OperationRoot, FenceToken: math.MaxInt64, BackendRevision: "1", PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 10,
-			IssuedAt: "2026-01-01T00:00:00Z"}, Proof: "ed25519:nobody:" + strings.Repeat("A", 86) + "==", Operation: "job", Segment: 1, Payload: "sha256:" + strings.Repeat("cd", 32)}
-		ann := map[string]string{fence.AnnotationResource: "batch"}
-		_, err := fence.Stamp(ann, forged)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", nil, ann))).To(Succeed())
+		plantForgery(target{kind: kind, ns: fresh, name: "batch"}, math.MaxInt64)
 		newTarget(kind, fresh, "batch", locksv1.EnforcementEnforce) // no floor: the forgery counts for nothing
 		h := held(fresh, "batch", "worker-a", "a")
 		Expect(h.Status.Grant.FenceToken).To(Equal(int64(1)))
@@ -222,14 +229,7 @@ var _ = Describe("the registry decides what is protected", func() {
 		kind := protectedKinds[0]
 		fresh := newNamespace()
 		t := target{kind: kind, ns: fresh, name: "batch"}
-		a := newGrant(fresh, "batch", "worker-a", "x")
-		forged := fence.Envelope{Grant: grant.Grant{Schema: grant.Schema, Resource: "test/" + fresh + "/batch", Owner: "worker-a", RequestID: "x",
-			Lease: "l", OperationRoot: a.Spec.OperationRoot, FenceToken: 1, BackendRevision: "1", PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 10,
-			IssuedAt: "2026-01-01T00:00:00Z"}, Proof: "ed25519:nobody:" + strings.Repeat("A", 86) + "==", Operation: "job", Segment: 1, Payload: "sha256:" + strings.Repeat("cd", 32)}
-		ann := map[string]string{fence.AnnotationResource: "batch"}
-		_, err := fence.Stamp(ann, forged)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(workers["worker-c"].Create(suiteCtx, t.unfenced("x", nil, ann))).To(Succeed())
+		plantForgery(t, 1)
 		newTarget(kind, fresh, "batch", locksv1.EnforcementEnforce, func(fr *locksv1.FencedResource) { fr.Spec.FenceFloor = 1 })
 
 		c, _ := faultyWorker(fresh, "worker-a")
