@@ -62,7 +62,7 @@ func TestSummarizeUnresolved(t *testing.T) {
 	}
 }
 
-// TestUnresolvedMessageIsBounded (issue 30, path 5): records are the
+// TestUnresolvedMessageIsBounded: records are the
 // LockGrant owners' text; one record over 32 KiB once made the condition
 // update fail for good. The message stays well under the API's limit
 // whatever the records hold, and still counts them all.

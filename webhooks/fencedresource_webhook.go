@@ -135,7 +135,7 @@ func validateUniqueTarget(fr *locksv1.FencedResource, others []locksv1.FencedRes
 // Only a genuine grant of this resource counts, as in the acceptance webhook
 // (bound): fence state anyone could plant on the object before it had an
 // entry (fence 2^63-1, a bogus proof) once made its entry impossible to
-// create, whatever floor the schema allows (issue 30, path 7).
+// create, whatever floor the schema allows.
 func validateFloorAboveTarget(fr *locksv1.FencedResource, fenceAnnotation string, bundle *grant.TrustBundle) field.ErrorList {
 	e, err := fence.ParseEnvelope(fenceAnnotation)
 	if err != nil || !bound(fenceAnnotation, fr, bundle) || e.Grant.FenceToken <= fr.Spec.FenceFloor {

@@ -164,7 +164,7 @@ func (v *FencedResourceValidator) claimGrace() time.Duration {
 // names another target) once they are older than the grace: the claims a
 // later create would take over (decideClaim). Without it every entry ever
 // created left a Lease in the operator namespace, which a tenant could grow
-// by creating and deleting entries (issue 30, path 4). A claim is deleted
+// by creating and deleting entries. A claim is deleted
 // with its UID and resourceVersion as preconditions, so a create that takes
 // it over meanwhile wins.
 type TargetClaimCollector struct {

@@ -397,7 +397,7 @@ func historyEvent(step int, grants []locksv1.LockGrant, now time.Time) []locksv1
 	return grants
 }
 
-// TestDecideDeniesAnUnsignableRequest (issue 30): a request whose fields
+// TestDecideDeniesAnUnsignableRequest: a request whose fields
 // fit the schema's character counts but not a grant's bytes (128 multibyte
 // characters) once failed every decision, so nobody queued behind it was
 // ever served. It is denied with its reason, and the next one is issued.

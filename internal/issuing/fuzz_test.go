@@ -8,7 +8,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// FuzzNoRequestStopsTheQueue (issue 30): whatever bytes a tenant puts in a
+// FuzzNoRequestStopsTheQueue: whatever bytes a tenant puts in a
 // request's fields (multibyte, invalid UTF-8, oversized, empty), the
 // decision never fails for the resource, and the honest request queued
 // behind it is issued once the hostile one has held and released, or at

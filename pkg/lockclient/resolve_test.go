@@ -9,7 +9,7 @@ import (
 )
 
 // TestResolveSent: a read that does not show a write proves it absent only
-// once the write can no longer land (issue 29: a segment reported refused
+// once the write can no longer land (make chaos: a segment reported refused
 // landed after the read, still conditioned on the version the read showed).
 func TestResolveSent(t *testing.T) {
 	want := fence.Receipt{Fence: 4, Segment: 2, Operation: "op", Payload: "p"}

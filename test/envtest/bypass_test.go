@@ -212,7 +212,7 @@ var _ = Describe("the registry decides what is protected", func() {
 		Expect(receipts).To(HaveLen(2), "the planted receipts are not inherited")
 	})
 
-	// Issue 30, path 7: the floor check once parsed the target's fence
+	// The floor check once parsed the target's fence
 	// annotation without verifying it, so a forgery planted before the
 	// namespace was enrolled (fence 2^63-1, a bogus proof) made an entry for
 	// the object impossible to create, whatever floor the schema allows.

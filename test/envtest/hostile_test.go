@@ -10,7 +10,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// Issue 30, path 1: a field of 128 multibyte characters passed the schema
+// A field of 128 multibyte characters passed the schema
 // (maxLength counts characters) and then failed the grant's byte limit in
 // the issuer, which aborted every decision for the resource: nobody queued
 // behind it was served. The schema and the LockGrant webhook now count

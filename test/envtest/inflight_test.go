@@ -141,7 +141,7 @@ func installHold(ns string) {
 	}).Should(BeNumerically(">", 0), "the API server does not call the hold webhook yet")
 }
 
-// Issue 29, found by make chaos: a segment whose first send got no answer
+// Found by make chaos: a segment whose first send got no answer
 // was read back as absent and sent again; the grant had ended by then, the
 // second send was refused, and the client reported the refusal, which by
 // its contract means nothing was written. Then the first send, admitted

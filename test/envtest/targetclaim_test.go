@@ -97,7 +97,7 @@ var _ = Describe("Target claims", func() {
 		Expect(admin.Create(suiteCtx, entry(ns, "third", "t"))).To(invalidAt("spec.target", "already protected by FencedResource second"))
 	})
 
-	// Issue 30, path 4: every entry ever created left its claim behind, so a
+	// Every entry ever created left its claim behind, so a
 	// tenant creating and deleting entries grew the operator namespace
 	// without bound. The operator deletes a claim a create would take over.
 	It("collects the claims of deleted entries after the grace, as the operator, and keeps live entries' claims", func() {

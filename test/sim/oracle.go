@@ -63,7 +63,7 @@ type oracle struct {
 	deletedMemoryLost bool
 	// claimedAbsent: the sends (by request ID) a client resolved as proven
 	// absent or reported refused, with the tick of that claim: none may
-	// land afterwards (issue 29).
+	// land afterwards.
 	claimedAbsent map[int64]int64
 }
 

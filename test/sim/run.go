@@ -46,7 +46,7 @@ type Config struct {
 	// objects could share a name: the webhook's rule before target claims
 	// (a lookup, which overlapping creates both pass). Tests only.
 	unnamedClaims bool
-	// lostSendsProvenAbsent: the client rule before issue 29, which took a
+	// lostSendsProvenAbsent: the client rule before make chaos found it wrong, which took a
 	// read that does not show a write for proof that it is absent even
 	// while the write may still land. Tests only.
 	lostSendsProvenAbsent bool

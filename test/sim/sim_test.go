@@ -194,7 +194,7 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 }
 
 // TestOracleCatchesLostSendsTakenForAbsent: with the client rule before
-// issue 29 (a read that misses a write proves it absent, though the write
+// the old client rule (a read that misses a write proves it absent, though the write
 // may still land), writes admitted and applied after their client gave up
 // land after the client called them absent, and the oracle reports it; with
 // the library's rule (lockclient.ResolveSent) none does.
@@ -210,7 +210,7 @@ func TestOracleCatchesLostSendsTakenForAbsent(t *testing.T) {
 		t.Fatalf("the library's rule failed: %s", fixed.Failed[0].Describe())
 	}
 	if fixed.LateCommitsLanded == 0 || fixed.UnknownInFlight == 0 {
-		t.Fatalf("no late commit landed (%d) or no resolution found a write in flight (%d): the schedules do not reach issue 29's path",
+		t.Fatalf("no late commit landed (%d) or no resolution found a write in flight (%d): the schedules do not reach the in-flight path",
 			fixed.LateCommitsLanded, fixed.UnknownInFlight)
 	}
 	t.Logf("library's rule: %d late commits landed, %d failed, %d resolutions found a write in flight", fixed.LateCommitsLanded, fixed.LateCommitsFailed, fixed.UnknownInFlight)

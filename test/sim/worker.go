@@ -273,7 +273,7 @@ func (k *worker) sendWrite(r *request) {
 		if k.w.rng.IntN(2) == 0 {
 			// In flight at the server: admitted at once, applied by etcd up
 			// to two leases later, after the client gave up and read the
-			// object (issue 29, found by make chaos).
+			// object (found by make chaos).
 			r.commitAfter = time.Duration(1+k.w.rng.Int64N(int64(2*lease))) * time.Nanosecond
 			k.w.tracef("FAULT %s: %s's write will wait at the API server for %s", FaultLostWriteAck, k.name, r.commitAfter.Truncate(time.Millisecond))
 		}
@@ -658,7 +658,7 @@ func (k *worker) decideSends(sends []*unknownWrite, rp *reply) (undetermined boo
 			out, _ = lockclient.ResolveSent(u.sent, seen)
 		}
 		if out == lockclient.InFlight && k.w.cfg.lostSendsProvenAbsent {
-			out = lockclient.ProvenAbsent // the rule before issue 29: a read that misses it
+			out = lockclient.ProvenAbsent // the old rule: a read that misses it
 		}
 		k.w.oracle.unknownResolved(u.reqID, u.sent.Receipt, out, rp.served)
 		k.w.tracef("%s: MUTATION_UNKNOWN (fence %d segment %d, #%d): %s", k.name, u.sent.Receipt.Fence, u.sent.Receipt.Segment, u.reqID, out)
