@@ -18,14 +18,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 // The owner's own updates and deletes (renew, release, withdraw) skip the
 // webhook: the owner needs no other authority, and the CRD's CEL rules keep
 // the spec's (immutable fields, renewals only grow, release only set). That
 // takes an admission round trip off every renewal and handoff. Creates and
-// anyone else's changes come here.
-// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-the-owners-own-change","expression":"request.operation == 'CREATE' || oldObject == null || request.userInfo.username != oldObject.spec.owner"}]}`
+// anyone else's changes come here, and so does a change by the owner's
+// identity from another pod than the one a pod-bound LockGrant names
+// (spec.lease "pod:<UID>", see grant.PodLease): replicas sharing a
+// ServiceAccount cannot renew, release or withdraw each other's requests.
+// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-the-owners-own-change","expression":"request.operation == 'CREATE' || oldObject == null || request.userInfo.username != oldObject.spec.owner || (oldObject.spec.lease.startsWith('pod:') && !(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-uid' in request.userInfo.extra && request.userInfo.extra['authentication.kubernetes.io/pod-uid'] == [oldObject.spec.lease.substring(4)]))"}]}`
 
 // The namespace controller's deletes are allowed only while the namespace
 // terminates, which the webhook reads from the API server.
@@ -77,7 +82,7 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	} else if err != nil {
 		return nil, fmt.Errorf("read FencedResource %s/%s: %w", lg.Namespace, lg.Spec.Resource, err)
 	}
-	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, lg, fr))
+	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, locksv1.RequestPod(req.UserInfo), lg, fr))
 }
 
 // fencedResource reads a request's FencedResource from the cache, and from
@@ -130,7 +135,8 @@ func (v *LockGrantValidator) admitChange(ctx context.Context, oldLG, newLG *lock
 	if err != nil {
 		return err
 	}
-	call := lockGrantCall{User: req.UserInfo.Username, Owner: oldLG.Spec.Owner, Operator: v.Operator, Delete: newLG == nil}
+	call := lockGrantCall{User: req.UserInfo.Username, Pod: locksv1.RequestPod(req.UserInfo), Owner: oldLG.Spec.Owner, Lease: oldLG.Spec.Lease,
+		Operator: v.Operator, Delete: newLG == nil}
 	if newLG != nil {
 		call.Changes = lockGrantChanges(oldLG, newLG)
 	}
@@ -213,13 +219,16 @@ func phaseOf(lg *locksv1.LockGrant) string {
 	return string(lg.Status.Phase)
 }
 
-// validateLockGrantCreate checks a new request against the requesting user,
-// the FencedResource's policy and the request's name.
-func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.FencedResource) field.ErrorList {
+// validateLockGrantCreate checks a new request against the requesting user
+// and pod, the FencedResource's policy and the request's name.
+func validateLockGrantCreate(user, pod string, lg *locksv1.LockGrant, fr *locksv1.FencedResource) field.ErrorList {
 	spec := field.NewPath("spec")
 	if lg.Spec.Owner != user {
 		return field.ErrorList{field.Invalid(spec.Child("owner"), lg.Spec.Owner,
 			fmt.Sprintf("must equal the requesting user %q: a LockGrant can only be requested for yourself", user))}
+	}
+	if msg := leaseViolation(lg.Spec.Lease, pod); msg != "" {
+		return field.ErrorList{field.Invalid(spec.Child("lease"), lg.Spec.Lease, msg)}
 	}
 	if err := locksv1.UnsignableRequest(lg.Spec); err != nil {
 		return field.ErrorList{field.Invalid(spec, "", fmt.Sprintf("no grant can be signed for this request: %v", err))}
@@ -239,6 +248,22 @@ func validateLockGrantCreate(user string, lg *locksv1.LockGrant, fr *locksv1.Fen
 			fmt.Sprintf("must be %q, the name of the request (spec.resource, spec.requestID): one name per request, so a requestID cannot get a second identity (kubectl fence acquire and pkg/lockclient name it so)", want))}
 	}
 	return nil
+}
+
+// leaseViolation says why a request from pod ("" for none) may not carry
+// lease ("" when it may). A pod's request is bound to that pod, so that no
+// other replica of its identity can use the grant; a request without a pod
+// cannot name one.
+func leaseViolation(lease, pod string) string {
+	_, names := grant.LeasePod(lease)
+	switch {
+	case pod != "" && lease != grant.PodLease(pod):
+		return fmt.Sprintf("must be %q: the request comes from pod %s (its bound service-account token says so), and a pod's grant is bound to that pod so that other replicas of its identity cannot use it (pkg/lockclient fills it in)",
+			grant.PodLease(pod), pod)
+	case pod == "" && names:
+		return fmt.Sprintf("must not start with %q: only a request from that pod (its bound service-account token) may bind a grant to a pod, and this request carries no pod", grant.PodLeasePrefix)
+	}
+	return ""
 }
 
 // Reasons of the Events that audit an override of LockGrant ownership.
@@ -261,9 +286,9 @@ const (
 // lockGrantCall is one UPDATE or DELETE of a LockGrant and what is known
 // about its requester.
 type lockGrantCall struct {
-	// User is the requester; Owner is the stored spec.owner; Operator is the
-	// operator's user name.
-	User, Owner, Operator string
+	// User is the requester and Pod the pod its token names ("" for none);
+	// Owner and Lease are the stored spec's; Operator is the operator's user name.
+	User, Pod, Owner, Lease, Operator string
 	// Delete is a DELETE; otherwise Changes lists what the UPDATE changes.
 	Delete  bool
 	Changes []*field.Path
@@ -276,7 +301,13 @@ type lockGrantCall struct {
 // foreign reports whether the call changes something and comes from neither
 // the owner nor the operator: only then is more authority needed (and looked up).
 func (c lockGrantCall) foreign() bool {
-	return (c.Delete || len(c.Changes) > 0) && c.User != c.Owner && c.User != c.Operator
+	return (c.Delete || len(c.Changes) > 0) && !c.owns() && c.User != c.Operator
+}
+
+// owns reports whether the call comes from the LockGrant's owner and, for a
+// pod-bound request, from its pod.
+func (c lockGrantCall) owns() bool {
+	return c.User == c.Owner && grant.LeaseAdmits(c.Lease, c.Pod)
 }
 
 // authorizeLockGrant decides who may change or delete a LockGrant: its owner,
@@ -287,7 +318,7 @@ func authorizeLockGrant(c lockGrantCall) (lockGrantAuthority, field.ErrorList) {
 	switch {
 	case !c.Delete && len(c.Changes) == 0:
 		return viaNoChange, nil
-	case c.User == c.Owner:
+	case c.owns():
 		return viaOwner, nil
 	case c.User == c.Operator:
 		return viaOperator, nil
@@ -302,6 +333,10 @@ func authorizeLockGrant(c lockGrantCall) (lockGrantAuthority, field.ErrorList) {
 	}
 	msg := fmt.Sprintf("the LockGrant belongs to %q; %q may not %s it (only its owner, the operator, or a user granted the %q verb on lockgrants may)",
 		c.Owner, c.User, verb, BreakGlassVerb)
+	if c.User == c.Owner {
+		msg = fmt.Sprintf("%s: the LockGrant is bound to its requester's pod (lease %s); %s of %q may not %s it (only that pod, the operator, or a user granted the %q verb on lockgrants may)",
+			fence.WrongOwner, c.Lease, grant.DescribePod(c.Pod), c.User, verb, BreakGlassVerb)
+	}
 	if c.Delete {
 		return "", field.ErrorList{field.Forbidden(field.NewPath("spec", "owner"), msg)}
 	}

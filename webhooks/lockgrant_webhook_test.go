@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 const testOperator = "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager"
@@ -96,6 +97,8 @@ func TestAuthorizeLockGrant(t *testing.T) {
 	}
 	terminating := func(c *lockGrantCall) { c.NamespaceTerminating = true }
 	breakGlass := func(c *lockGrantCall) { c.BreakGlass = true }
+	podBound := func(c *lockGrantCall) { c.Lease = grant.PodLease("uid-a") }
+	fromPod := func(pod string) func(*lockGrantCall) { return func(c *lockGrantCall) { c.Pod = pod } }
 	cases := map[string]struct {
 		call    lockGrantCall
 		via     lockGrantAuthority
@@ -116,6 +119,11 @@ func TestAuthorizeLockGrant(t *testing.T) {
 		"namespace controller, live namespace": {call(locksv1.NamespaceControllerUsername, true, nil), "", true, []string{"spec.owner"}},
 		"namespace controller may only delete": {call(locksv1.NamespaceControllerUsername, false, annotations, terminating), "", true, []string{"metadata.annotations"}},
 		"terminating namespace is no licence":  {call("worker-b", true, nil, terminating), "", true, []string{"spec.owner"}},
+		"the pod of a pod-bound request":       {call("worker-a", false, twoFields, podBound, fromPod("uid-a")), viaOwner, false, nil},
+		"another pod releases":                 {call("worker-a", false, twoFields, podBound, fromPod("uid-b")), "", true, []string{"metadata.labels", "spec.release"}},
+		"another pod deletes":                  {call("worker-a", true, nil, podBound, fromPod("uid-b")), "", true, []string{"spec.owner"}},
+		"the owner without a pod deletes":      {call("worker-a", true, nil, podBound), "", true, []string{"spec.owner"}},
+		"any pod of an unbound request":        {call("worker-a", true, nil, fromPod("uid-b")), viaOwner, false, nil},
 	}
 	for name, c := range cases {
 		if got := c.call.foreign(); got != c.foreign {
@@ -134,6 +142,23 @@ func TestAuthorizeLockGrant(t *testing.T) {
 		}
 		if strings.Join(got, ",") != strings.Join(c.denied, ",") {
 			t.Errorf("%s: denied %v, want %v", name, got, c.denied)
+		}
+	}
+}
+
+func TestLeaseViolation(t *testing.T) {
+	for _, c := range []struct {
+		lease, pod, want string
+	}{
+		{"lease-1", "", ""},
+		{grant.PodLease("uid-a"), "uid-a", ""},
+		{"lease-1", "uid-a", `must be "pod:uid-a"`},
+		{grant.PodLease("uid-b"), "uid-a", `must be "pod:uid-a"`},
+		{grant.PodLease("uid-a"), "", `must not start with "pod:"`},
+	} {
+		got := leaseViolation(c.lease, c.pod)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("leaseViolation(%q, %q) = %q, want %q", c.lease, c.pod, got, c.want)
 		}
 	}
 }

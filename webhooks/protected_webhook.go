@@ -292,7 +292,7 @@ func registryOf(fr *locksv1.FencedResource, now time.Time) fence.Registry {
 
 // decideObject decides a CREATE, UPDATE or DELETE of the object itself.
 func decideObject(r *request, fr *locksv1.FencedResource, st fence.State, reg fence.Registry, bundle *grant.TrustBundle) (fence.Decision, error) {
-	attempt := fence.Attempt{User: r.UserInfo.Username, Delete: r.Operation == admissionv1.Delete}
+	attempt := fence.Attempt{User: r.UserInfo.Username, Pod: locksv1.RequestPod(r.UserInfo), Delete: r.Operation == admissionv1.Delete}
 	if r.newObj != nil {
 		attempt.Changed = r.oldObj == nil || changed(r.oldObj, r.newObj)
 		attempt.Fence = r.newObj.GetAnnotations()[fence.AnnotationFence]

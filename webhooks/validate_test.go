@@ -46,7 +46,7 @@ func TestLockGrantValidation(t *testing.T) {
 		"other request": {"a", renamed(lg("a", "r", "settle"), locksv1.LockGrantName("batch", "q")), "metadata.name", "must be"},
 	}
 	for name, c := range cases {
-		errs := validateLockGrantCreate(c.user, c.lg, fr)
+		errs := validateLockGrantCreate(c.user, "", c.lg, fr)
 		switch {
 		case c.field == "" && len(errs) > 0:
 			t.Errorf("%s: %v", name, errs)

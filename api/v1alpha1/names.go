@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -117,6 +119,22 @@ func LockGrantName(resource, requestID string) string {
 		name = name[:200]
 	}
 	return name + "-" + hex.EncodeToString(sum[:8])
+}
+
+// PodUIDExtra is the user-info extra in which the API server names the pod a
+// bound service-account token was issued for (one value, the pod's UID).
+const PodUIDExtra = "authentication.kubernetes.io/pod-uid"
+
+// RequestPod is the UID of the pod a request comes from, by its user info's
+// PodUIDExtra; "" when it names none (a person, kubectl, a worker outside the
+// cluster) or names it ambiguously (not exactly one non-empty value, which
+// no bound token produces).
+func RequestPod(user authenticationv1.UserInfo) string {
+	v := user.Extra[PodUIDExtra]
+	if len(v) != 1 {
+		return ""
+	}
+	return v[0]
 }
 
 // OperatorUsername is the Kubernetes user name of the operator's service

@@ -144,6 +144,10 @@ type Registry struct {
 type Attempt struct {
 	// User is the authenticated caller (admission userInfo.username).
 	User string
+	// Pod is the UID of the pod the caller's bound token names (admission
+	// userInfo.extra authentication.kubernetes.io/pod-uid), "" when none: a
+	// grant whose lease is pod-bound admits only that pod.
+	Pod string
 	// Delete is true for a deletion; the fields below are then unused.
 	Delete bool
 	// Changed is false for an update that changes nothing at all.
@@ -220,6 +224,8 @@ func authenticate(st State, a Attempt, reg Registry, bundle *grant.TrustBundle, 
 		d = deny(WrongResource, "the grant is for resource %q, this object is %q", g.Resource, reg.ResourceID)
 	case a.User != g.Owner:
 		d = deny(WrongOwner, "the grant belongs to %q, the request comes from %q", g.Owner, a.User)
+	case !grant.LeaseAdmits(g.Lease, a.Pod):
+		d = deny(WrongOwner, "the grant is bound to its requester's pod (lease %s), the request comes from %s of %q", g.Lease, grant.DescribePod(a.Pod), a.User)
 	case bundle.Revoked(g.IssuerEpoch):
 		d = deny(RevokedEpoch, "the grant was issued under epoch %d; epochs below %d are revoked", g.IssuerEpoch, bundle.RevokedBelowEpoch)
 	case e.Payload != a.Payload:
@@ -332,6 +338,8 @@ func decideDelete(st State, a Attempt, reg Registry, deny func(Verdict, string, 
 		return deny(DeleteNotDeclared, "deleting a protected object needs the currently held grant; the registry shows none")
 	case a.User != h.Owner:
 		return deny(DeleteNotDeclared, "only the owner %q of the current grant (fence %d) may delete this object, the request comes from %q", h.Owner, h.Fence, a.User)
+	case !grant.LeaseAdmits(h.Lease, a.Pod):
+		return deny(WrongOwner, "the current grant (fence %d) is bound to its requester's pod (lease %s), the delete comes from %s of %q", h.Fence, h.Lease, grant.DescribePod(a.Pod), a.User)
 	case !reg.Now.Before(h.ExpiresAt):
 		return deny(DeleteNotDeclared, "the grant with fence %d expired at %s; deleting needs the currently held grant", h.Fence, h.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	case h.Fence < st.HighestFence:

@@ -429,3 +429,44 @@ func TestNextSegment(t *testing.T) {
 		t.Fatalf("another grant with the same fence: %d", got)
 	}
 }
+
+// TestPodBoundGrant: a grant whose lease names a pod is its pod's alone.
+// Another pod of the same identity, or the identity without a pod (kubectl
+// as the ServiceAccount), gets WRONG_OWNER for writes, delete intents and
+// deletes; the holder's pod is served.
+func TestPodBoundGrant(t *testing.T) {
+	w := newWorld(t)
+	g := w.grant("system:serviceaccount:jobs:worker", 5, rootOf('a'))
+	g.Lease = grant.PodLease("uid-a")
+	write := func(st State, pod string, seg int64, v string) Decision {
+		return Decide(st, Attempt{User: g.Owner, Pod: pod, Changed: true, Fence: w.envelope(g, seg, payload(v)), Payload: payload(v)}, held(g), w.bundle)
+	}
+	for _, pod := range []string{"uid-b", ""} {
+		if d := write(State{}, pod, 1, "x"); d.Verdict != WrongOwner {
+			t.Errorf("write from %s: %s, want WRONG_OWNER", grant.DescribePod(pod), d.Message)
+		}
+	}
+	d := write(State{}, "uid-a", 1, "x")
+	if d.Verdict != Accepted {
+		t.Fatalf("write from the holder's pod: %s", d.Message)
+	}
+	// The holder declares a delete; only its pod may then delete.
+	e := Envelope{Grant: g, Operation: "op-del", Segment: 2, Payload: payload("x"), Intent: IntentDelete}
+	_, e.Proof, _ = w.signer.Sign(g)
+	declared := Decide(d.State, Attempt{User: g.Owner, Pod: "uid-b", Changed: true, Fence: e.Encode(), Payload: payload("x")}, held(g), w.bundle)
+	if declared.Verdict != WrongOwner {
+		t.Errorf("delete intent from another pod: %s, want WRONG_OWNER", declared.Message)
+	}
+	declared = Decide(d.State, Attempt{User: g.Owner, Pod: "uid-a", Changed: true, Fence: e.Encode(), Payload: payload("x")}, held(g), w.bundle)
+	if declared.Verdict != Accepted {
+		t.Fatalf("delete intent from the holder's pod: %s", declared.Message)
+	}
+	for _, pod := range []string{"uid-b", ""} {
+		if del := Decide(declared.State, Attempt{User: g.Owner, Pod: pod, Delete: true}, held(g), w.bundle); del.Verdict != WrongOwner {
+			t.Errorf("delete from %s: %s, want WRONG_OWNER", grant.DescribePod(pod), del.Message)
+		}
+	}
+	if del := Decide(declared.State, Attempt{User: g.Owner, Pod: "uid-a", Delete: true}, held(g), w.bundle); del.Verdict != Accepted {
+		t.Errorf("delete from the holder's pod: %s", del.Message)
+	}
+}

@@ -181,6 +181,8 @@ const (
 	fzNoHolder                   // nothing is held
 	fzExpired                    // the holder's lease ended
 	fzStoredIntent               // the stored last segment declares intent "delete"
+	fzPodBound                   // the grant's lease binds it to pod "pod-a"
+	fzOtherPod                   // the request comes from pod "pod-b" of the same identity
 )
 
 // FuzzDecide: the acceptance function never panics and never changes its
@@ -219,8 +221,11 @@ func FuzzDecide(f *testing.F) {
 	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzOtherUser)
 	add(3, 2, 4, 1, fzDelete|fzStoredIntent|fzOtherLease) // declared under an older grant
 	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzExpired)
-	add(3, 2, 3, 3, fzStoredIntent) // the next segment after an intent
-	add(3, 40, 3, 41, 0)            // a long operation: the log is trimmed to 32
+	add(3, 2, 3, 3, fzStoredIntent)                                // the next segment after an intent
+	add(3, 40, 3, 41, 0)                                           // a long operation: the log is trimmed to 32
+	add(3, 2, 3, 3, fzPodBound)                                    // the holder's pod: accepted
+	add(3, 2, 3, 3, fzPodBound|fzOtherPod)                         // another pod of its identity: WRONG_OWNER
+	add(3, 2, 3, 3, fzDelete|fzStoredIntent|fzPodBound|fzOtherPod) // a declared delete from another pod
 	f.Add(int64(3), int64(2), int64(3), int64(3), uint32(fzRawAnnotation), `{"grant":{}}`)
 	f.Add(int64(3), int64(2), int64(3), int64(3), uint32(fzRawAnnotation), "")
 	f.Fuzz(func(t *testing.T, storedFence, storedSeg, fenceToken, segment int64, flags uint32, raw string) {
@@ -260,6 +265,9 @@ func FuzzDecide(f *testing.F) {
 		if has(fzOtherLease) {
 			lease = "lease-b"
 		}
+		if has(fzPodBound) {
+			lease = grant.PodLease("pod-a")
+		}
 		g := fuzzGrant(owner, fenceToken, root, lease)
 		if has(fzOldPolicy) {
 			g.PolicyGeneration = 2
@@ -289,6 +297,10 @@ func FuzzDecide(f *testing.F) {
 		a := fence.Attempt{User: owner, Changed: !has(fzUnchanged), Delete: has(fzDelete), Fence: written[fence.AnnotationFence], Payload: payload}
 		if has(fzOtherUser) {
 			a.User = "mallory"
+		}
+		a.Pod = "pod-a"
+		if has(fzOtherPod) {
+			a.Pod = "pod-b"
 		}
 		if has(fzContentDiffers) {
 			a.Payload = fuzzPayload("what was really written")
@@ -330,7 +342,8 @@ func FuzzDecide(f *testing.F) {
 			if !reflect.DeepEqual(d.State, st) {
 				t.Fatalf("verdict %s changed the fence state:\n before %+v\n after  %+v", d.Verdict, st, d.State)
 			}
-			if d.Verdict == fence.Accepted && (reg.Holder == nil || a.User != reg.Holder.Owner || reg.Holder.Fence < st.HighestFence || !fuzzNow.Before(reg.Holder.ExpiresAt)) {
+			if d.Verdict == fence.Accepted && (reg.Holder == nil || a.User != reg.Holder.Owner || !grant.LeaseAdmits(reg.Holder.Lease, a.Pod) ||
+				reg.Holder.Fence < st.HighestFence || !fuzzNow.Before(reg.Holder.ExpiresAt)) {
 				t.Fatalf("a deletion was accepted from %s without the current holder's grant", a.User)
 			}
 			if d.Verdict == fence.Accepted && (!st.DeleteIntent || st.GrantDigest != reg.Holder.Digest || stored.PolicyGeneration != reg.Generation) {
@@ -354,6 +367,8 @@ func FuzzDecide(f *testing.F) {
 			t.Fatal("accepted another resource's grant")
 		case a.User != ag.Owner:
 			t.Fatal("accepted a grant from someone else")
+		case !grant.LeaseAdmits(ag.Lease, a.Pod):
+			t.Fatal("accepted a pod-bound grant from another pod")
 		case bundle.Revoked(ag.IssuerEpoch):
 			t.Fatal("accepted a revoked epoch")
 		case e.Payload != a.Payload:

@@ -212,3 +212,21 @@ func TestTrustBundleDataRoundTrip(t *testing.T) {
 		t.Error("the reserved key ID was accepted")
 	}
 }
+
+func TestLeaseAdmits(t *testing.T) {
+	for _, c := range []struct {
+		lease, pod string
+		want       bool
+	}{
+		{"lease-1", "", true},
+		{"lease-1", "uid-a", true},
+		{PodLease("uid-a"), "uid-a", true},
+		{PodLease("uid-a"), "uid-b", false},
+		{PodLease("uid-a"), "", false},
+		{PodLease(""), "", true}, // refused at admission: an empty pod UID is never a pod lease
+	} {
+		if got := LeaseAdmits(c.lease, c.pod); got != c.want {
+			t.Errorf("LeaseAdmits(%q, %q) = %v, want %v", c.lease, c.pod, got, c.want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 // Client acquires locks in one namespace as one identity.
@@ -19,17 +20,24 @@ type Client struct {
 	kube      client.WithWatch
 	namespace string
 	identity  string
-	registry  registryFeeds // the FencedResource watches its Acquire calls share
+	// pod is the UID of the pod the API server authenticates kube as coming
+	// from ("" for none): this client's requests are bound to it.
+	pod      string
+	registry registryFeeds // the FencedResource watches its Acquire calls share
 }
 
 // New returns a client that acts as identity (the Kubernetes user name the API
-// server authenticates kube as; the webhook checks they match).
+// server authenticates kube as; the webhook checks they match) from no pod.
+// In a pod, use NewForConfig: a pod's requests must be bound to it.
 func New(kube client.WithWatch, namespace, identity string) *Client {
 	return &Client{kube: kube, namespace: namespace, identity: identity}
 }
 
 // NewForConfig builds a client from a REST config and asks the API server who
-// it is (SelfSubjectReview), so the owner is always the authenticated user.
+// it is (SelfSubjectReview), so the owner is always the authenticated user and,
+// when its credentials are a pod's bound service-account token, the pod every
+// request is bound to (spec.lease "pod:<UID>"): another replica sharing the
+// ServiceAccount can then never use this client's grants, nor this one theirs.
 func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Client, error) {
 	kube, err := client.NewWithWatch(cfg, client.Options{Scheme: locksv1.Scheme})
 	if err != nil {
@@ -39,11 +47,32 @@ func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Cli
 	if err := kube.Create(ctx, review); err != nil {
 		return nil, fmt.Errorf("ask the API server who we are (SelfSubjectReview): %w", err)
 	}
-	return New(kube, namespace, review.Status.UserInfo.Username), nil
+	c := New(kube, namespace, review.Status.UserInfo.Username)
+	c.pod = locksv1.RequestPod(review.Status.UserInfo)
+	return c, nil
 }
 
 // Identity is the owner this client claims as.
 func (c *Client) Identity() string { return c.identity }
+
+// Pod is the UID of the pod this client's requests are bound to ("" for none).
+func (c *Client) Pod() string { return c.pod }
+
+// leaseFor is the lease of a request: the client's pod's when it runs in one
+// (the LockGrant webhook refuses any other), else the caller's or one derived
+// from the requestID.
+func (c *Client) leaseFor(o AcquireOptions) (string, error) {
+	switch {
+	case c.pod != "" && o.Lease != "" && o.Lease != grant.PodLease(c.pod):
+		return "", fmt.Errorf("AcquireOptions.Lease %q: this client runs in pod %s, whose requests are bound to it (lease %q); leave Lease empty",
+			o.Lease, c.pod, grant.PodLease(c.pod))
+	case c.pod != "":
+		return grant.PodLease(c.pod), nil
+	case o.Lease != "":
+		return o.Lease, nil
+	}
+	return "lease-" + o.RequestID, nil
+}
 
 // NewRequestID returns a random request ID. Persist it before acquiring if a
 // restarted worker must find its request again.

@@ -35,7 +35,8 @@ type AcquireOptions struct {
 	// RequestID is the idempotency key (default: random). Reusing it after a
 	// crash or a lost response finds the same LockGrant.
 	RequestID string
-	// Lease is the holder's session ID (default: derived from RequestID).
+	// Lease is the holder's session ID (default: derived from RequestID). A
+	// client in a pod always uses "pod:<its pod UID>" (see NewForConfig).
 	Lease string
 	// OperationRoot is sha256:<hex> of the planned operation (default: derived from RequestID).
 	OperationRoot string
@@ -79,9 +80,11 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	if o.RequestID == "" {
 		o.RequestID = NewRequestID()
 	}
-	if o.Lease == "" {
-		o.Lease = "lease-" + o.RequestID
+	lease, err := c.leaseFor(o)
+	if err != nil {
+		return nil, err
 	}
+	o.Lease = lease
 	if o.OperationRoot == "" {
 		o.OperationRoot = OperationRoot(resource + "/" + o.RequestID)
 	}
@@ -122,6 +125,10 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 	}
 	if lg.Spec.Owner != c.identity {
 		return nil, fmt.Errorf("LockGrant %s belongs to %q, not to %q", name, lg.Spec.Owner, c.identity)
+	}
+	if !grant.LeaseAdmits(lg.Spec.Lease, c.pod) {
+		return nil, fmt.Errorf("%w: LockGrant %s is bound to its requester's pod (lease %s); this client runs in %s",
+			ErrWrongOwner, name, lg.Spec.Lease, grant.DescribePod(c.pod))
 	}
 	o.RequestID, o.Lease, o.OperationRoot, o.OperationCategory = lg.Spec.RequestID, lg.Spec.Lease, lg.Spec.OperationRoot, lg.Spec.OperationCategory
 	l := &Lock{c: c, key: client.ObjectKeyFromObject(&lg), resource: lg.Spec.Resource, opts: o, state: StateRequested,

@@ -93,6 +93,7 @@ type writeOpts struct {
 	envelope func(*fence.Envelope)            // tamper with the envelope after it was built
 	object   func(*unstructured.Unstructured) // tamper with the object after stamping
 	raw      *string                          // use this fence annotation verbatim
+	via      client.Client                    // write through this client (default: the user's worker client)
 }
 
 // write performs one fenced write of content v as segment seg under lg's grant,
@@ -143,10 +144,14 @@ func (t target) write(lg *locksv1.LockGrant, seg int64, v string, o ...writeOpts
 	if user == "" {
 		user = lg.Spec.Owner
 	}
-	if create {
-		return workers[user].Create(suiteCtx, u)
+	via := opt.via
+	if via == nil {
+		via = workers[user]
 	}
-	return workers[user].Update(suiteCtx, u)
+	if create {
+		return via.Create(suiteCtx, u)
+	}
+	return via.Update(suiteCtx, u)
 }
 
 func mergeMap(m, add map[string]string) map[string]string {
