@@ -151,7 +151,7 @@ Running acquire again with the same --request-id finds the same request.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.RequestID, "request-id", "", "Idempotency key (default: random). The same key finds the same request again.")
-	f.StringVar(&opts.Lease, "lease", "", "Holder session ID (default: derived from the request ID).")
+	f.StringVar(&opts.Lease, "lease", "", "Holder session ID (default: derived from the request ID; in a pod, always pod:<its UID>).")
 	f.StringVar(&opts.OperationRoot, "operation-root", "", "sha256:<hex> of the planned operation (default: derived from the request ID).")
 	f.StringVar(&opts.OperationCategory, "category", "", "Operation category, when the FencedResource restricts them.")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the grant (a shorter --request-timeout ends the wait sooner).")

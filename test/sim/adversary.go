@@ -163,6 +163,8 @@ func (a *adversary) apply(f Fault) bool {
 		return false // only as the entry is created: see startIndexLag
 	case FaultIssuerCacheLag:
 		return a.issuerCacheLag()
+	case FaultSharedIdentity:
+		return a.sharedIdentity()
 	case FaultMirrorLost:
 		n := 1 + a.w.rng.IntN(3)
 		a.w.reg.mirrorLost += n
@@ -340,8 +342,24 @@ func (a *adversary) rebuild(r *request) {
 	r.object, r.create = obj, a.w.obj.stored == nil
 }
 
+// send sends r. A request in a worker's identity comes from that worker's
+// pod (a stale process of the holder is in its pod) unless it names another
+// (FaultSharedIdentity).
 func (a *adversary) send(r *request) {
+	if r.pod == "" {
+		r.pod = a.podOf(r.user)
+	}
 	a.w.send(r)
+}
+
+// podOf is the pod of the worker whose identity user is ("" for none).
+func (a *adversary) podOf(user string) string {
+	for _, k := range a.w.workers {
+		if k.user == user {
+			return k.pod
+		}
+	}
+	return ""
 }
 
 func (a *adversary) otherUser(not string) string {
@@ -593,6 +611,30 @@ func (a *adversary) stolen() bool {
 	user := a.otherUser(src.g.Owner)
 	a.send(a.craft(FaultStolenGrant, user, fence.Envelope{Grant: src.g, Proof: src.proof, Segment: a.nextSegment(src.g)}, a.content(), ""))
 	return a.injected(FaultStolenGrant, "%s presents the grant of %s (fence %d)", user, src.g.Owner, src.g.FenceToken)
+}
+
+// sharedIdentity: another replica of the holder's ServiceAccount — the
+// owner's identity, its own pod — reads the holder's grant from the object's
+// fence annotation and uses it: the next segment, a delete intent, or (once
+// the holder declared a delete) the delete itself.
+func (a *adversary) sharedIdentity() bool {
+	src, ok := a.holderGrant()
+	if !ok {
+		return false
+	}
+	replica := "uid-replica-of-" + src.g.Owner
+	if a.w.obj.stored != nil && a.w.rng.IntN(3) == 0 {
+		a.send(&request{kind: reqDeleteObject, user: src.g.Owner, pod: replica, fault: FaultSharedIdentity})
+		return a.injected(FaultSharedIdentity, "another pod of %s deletes the target under the holder's grant (fence %d)", src.g.Owner, src.g.FenceToken)
+	}
+	env := fence.Envelope{Grant: src.g, Proof: src.proof, Segment: a.nextSegment(src.g)}
+	if a.w.rng.IntN(2) == 0 {
+		env.Intent = fence.IntentDelete
+	}
+	r := a.craft(FaultSharedIdentity, src.g.Owner, env, a.content(), "")
+	r.pod = replica
+	a.send(r)
+	return a.injected(FaultSharedIdentity, "another pod of %s writes under the holder's grant (fence %d, intent %q)", src.g.Owner, src.g.FenceToken, env.Intent)
 }
 
 func (a *adversary) payloadMismatch() bool {

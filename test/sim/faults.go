@@ -37,7 +37,7 @@ const (
 	FaultIssuerFailover
 	FaultPolicyChange
 	FaultReceiptLog
-	// The paths of issue 10: writes and deletes outside a labelled update.
+	// Writes and deletes outside a labelled update.
 	FaultStrangerCreate
 	FaultPlantedCreate
 	FaultProtectionRemoved
@@ -56,6 +56,11 @@ const (
 	// one to three decisions in a row: the LockGrant statuses and finalizers
 	// that follow are never written (the next decision rebuilds them).
 	FaultMirrorLost
+	// FaultSharedIdentity: another replica of the holder's ServiceAccount
+	// (same identity, its own pod) reads the holder's grant from the
+	// object's fence annotation and writes, declares a delete or deletes
+	// under it.
+	FaultSharedIdentity
 	numFaults
 )
 
@@ -69,7 +74,7 @@ var faultNames = [numFaults]string{
 	"stranger creates the absent target", "planted envelope/receipts on create", "protection label/annotation removed",
 	"undeclared delete (holder's identity)", "declared delete + re-create", "namespace teardown", "webhook index lags entry creation",
 	"planted forgery naming this resource (index lag)", "issuer's LockGrant cache lags",
-	"LockGrant writes lost after the CAS",
+	"LockGrant writes lost after the CAS", "holder's grant used from another pod of its identity",
 }
 
 func (f Fault) String() string {

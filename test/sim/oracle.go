@@ -15,6 +15,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -138,6 +139,7 @@ const (
 	vLiveness
 	vNotLinearizable
 	vSimulator
+	vWrongPod
 	numViolationKinds
 )
 
@@ -149,7 +151,7 @@ var violationNames = [...]string{"accepted stale write", "accepted forged/tamper
 	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly",
 	"registry entry admitted for a kind the webhook does not see",
 	"second registry entry admitted for one object", "LockGrant granted twice", "liveness",
-	"history not linearizable", "simulator error"}
+	"history not linearizable", "simulator error", "accepted write or delete from another pod of the holder's identity"}
 
 // Violation is one broken rule in one schedule.
 type Violation struct {
@@ -265,12 +267,13 @@ const (
 	authForged
 	authCrossResource
 	authWrongOwner
+	authWrongPod
 	authRevoked
 	authPayload
 )
 
 var authNames = [...]string{"authenticated", "no fresh fence annotation", "malformed or oversized fence annotation",
-	"forged or tampered grant", "grant of another resource", "grant of another owner", "grant of a revoked issuer epoch",
+	"forged or tampered grant", "grant of another resource", "grant of another owner", "pod-bound grant used from another pod", "grant of a revoked issuer epoch",
 	"payload is not the digest of the content"}
 
 // judgeWrite judges one write the acceptance point decided. committed says
@@ -289,7 +292,7 @@ func (o *oracle) judgeAttempt(req *request, old, obj map[string]any) (*oracleEnv
 	}
 	res := o.w.res
 	res.Attempts++
-	e, class := o.authenticate(req.user, old, obj)
+	e, class := o.authenticate(req.user, req.pod, old, obj)
 	if class != authOK {
 		res.AuthFailures++
 	}
@@ -335,6 +338,8 @@ func (o *oracle) judgeCommitted(req *request, old, obj map[string]any, verdict f
 		switch class {
 		case authForged, authCrossResource, authMalformed:
 			o.violation(vForgedAccepted, "%s accepted: %s", what, authNames[class])
+		case authWrongPod:
+			o.violation(vWrongPod, "%s from %s accepted: %s", what, grant.DescribePod(req.pod), authNames[class])
 		default:
 			o.violation(vOtherAuthAccepted, "%s accepted: %s", what, authNames[class])
 		}
@@ -447,6 +452,8 @@ func (o *oracle) judgeDelete(req *request, allowed bool, verdict fence.Verdict) 
 		o.violation(vUndeclaredDelete, "%s while the registry's holder is %s", what, holderName(h))
 	case req.user != g.Owner:
 		o.violation(vUndeclaredDelete, "%s; the current grant belongs to %s", what, g.Owner)
+	case !grant.LeaseAdmits(g.Lease, req.pod):
+		o.violation(vWrongPod, "%s from %s; the current grant is bound to its requester's pod (lease %s)", what, grant.DescribePod(req.pod), g.Lease)
 	case !now.Before(o.reg.deadline):
 		o.violation(vUndeclaredDelete, "%s after the current lease ended", what)
 	case g.PolicyGeneration != r.fr.Generation:
@@ -574,7 +581,7 @@ func (o *oracle) unknownResolved(reqID int64, want fence.Receipt, outcome lockcl
 }
 
 // authenticate applies DESIGN.md's authentication list to a write.
-func (o *oracle) authenticate(user string, old, obj map[string]any) (*oracleEnvelope, authClass) {
+func (o *oracle) authenticate(user, pod string, old, obj map[string]any) (*oracleEnvelope, authClass) {
 	raw := annotations(obj)[fence.AnnotationFence]
 	if raw == "" || (old != nil && raw == annotations(old)[fence.AnnotationFence]) {
 		return nil, authUnfenced
@@ -595,6 +602,8 @@ func (o *oracle) authenticate(user string, old, obj map[string]any) (*oracleEnve
 		return &e, authForged
 	case user != e.grant.Owner:
 		return &e, authWrongOwner
+	case !grant.LeaseAdmits(e.grant.Lease, pod):
+		return &e, authWrongPod
 	case e.grant.IssuerEpoch < o.w.reg.revokedBelow:
 		return &e, authRevoked
 	case e.Payload != contentDigest(obj):
@@ -619,6 +628,7 @@ type oracleEnvelope struct {
 type oracleGrant struct {
 	Resource         string `json:"resource"`
 	Owner            string `json:"owner"`
+	Lease            string `json:"lease"`
 	FenceToken       int64  `json:"fenceToken"`
 	OperationRoot    string `json:"operationRoot"`
 	PolicyGeneration int64  `json:"policyGeneration"`

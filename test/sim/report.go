@@ -62,6 +62,8 @@ func (c *Counters) Gates() []Gate {
 			fmt.Sprintf("%s writes applied after their client gave up (%s more failed: the object had moved on); %s reads found a write still in flight",
 				thousands(c.LateCommitsLanded), thousands(c.LateCommitsFailed), thousands(c.UnknownInFlight))),
 		zero("Other unauthenticated writes accepted (wrong owner, revoked epoch, payload, no fresh fence)", vOtherAuthAccepted, ""),
+		zero("Writes, delete intents and deletes accepted from another pod of the holder's identity", vWrongPod,
+			thousands(c.Faults[FaultSharedIdentity])+" shared-identity attempts"),
 		zero("Accepted writes whose receipt log is not the stored log plus their segment", vReceiptLog, ""),
 		zero("Deletions not declared by the current holder's grant (namespace teardown aside)", vUndeclaredDelete,
 			fmt.Sprintf("%s deletes decided, %s done, %s of them by namespace teardown", thousands(c.DeleteAttempts), thousands(c.Deletes), thousands(c.TeardownDeletes))),

@@ -144,7 +144,7 @@ func (s *resource) serve(req *request) *reply {
 		op = admissionv1.Create
 	}
 	if s.routed(op, old, obj) {
-		resp := s.admit(op, req.user, obj)
+		resp := s.admit(op, req.user, req.pod, obj)
 		rp.verdict, rp.message = verdictOf(resp)
 		allowed = resp.Allowed
 		s.w.res.countVerdict(rp.verdict, req.fault)
@@ -230,7 +230,7 @@ func (s *resource) serveDelete(req *request, rp *reply) *reply {
 	}
 	allowed := true
 	if s.routed(admissionv1.Delete, old, nil) {
-		resp := s.admit(admissionv1.Delete, req.user, nil)
+		resp := s.admit(admissionv1.Delete, req.user, req.pod, nil)
 		rp.verdict, rp.message = verdictOf(resp)
 		s.w.res.countVerdict(rp.verdict, req.fault)
 		allowed = resp.Allowed
@@ -250,7 +250,7 @@ func (s *resource) serveDelete(req *request, rp *reply) *reply {
 
 // admit sends the request to the acceptance point as the apiserver would,
 // and passes on what the webhook queued for the FencedResource status.
-func (s *resource) admit(op admissionv1.Operation, user string, obj map[string]any) admission.Response {
+func (s *resource) admit(op admissionv1.Operation, user, pod string, obj map[string]any) admission.Response {
 	s.uid++
 	var objRaw []byte
 	if obj != nil {
@@ -263,7 +263,7 @@ func (s *resource) admit(op admissionv1.Operation, user string, obj map[string]a
 		Name:      objectName,
 		Namespace: namespace,
 		Operation: op,
-		UserInfo:  authenticationv1.UserInfo{Username: user},
+		UserInfo:  userInfo(user, pod),
 		Object:    runtime.RawExtension{Raw: objRaw},
 		OldObject: runtime.RawExtension{Raw: s.storedJSON},
 	}}
@@ -436,3 +436,13 @@ type discardEvents struct{}
 var _ events.EventRecorder = discardEvents{}
 
 func (discardEvents) Eventf(runtime.Object, runtime.Object, string, string, string, string, ...any) {}
+
+// userInfo is what the API server puts in an admission request for user,
+// sending from pod ("" for none) with a bound service-account token.
+func userInfo(user, pod string) authenticationv1.UserInfo {
+	u := authenticationv1.UserInfo{Username: user}
+	if pod != "" {
+		u.Extra = map[string]authenticationv1.ExtraValue{locksv1.PodUIDExtra: {pod}}
+	}
+	return u
+}

@@ -162,7 +162,7 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 		{"accepts a receipt log that is not the stored log plus the segment", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.ReceiptLogMismatch
 		}, []Fault{FaultReceiptLog}, vReceiptLog},
-		// The paths of issue 10.
+		// Writes and deletes outside a labelled update.
 		{"allows unlabelled creates", func(req admission.Request, v fence.Verdict) bool {
 			return v == fence.FenceRequired && req.Operation == admissionv1.Create && !labelled(req.Object.Raw)
 		}, []Fault{FaultStrangerCreate}, vOtherAuthAccepted},
@@ -178,6 +178,9 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 		{"allows undeclared deletes", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.DeleteNotDeclared
 		}, []Fault{FaultUndeclaredDelete}, vUndeclaredDelete},
+		{"lets another pod of the holder's identity use its grant", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.WrongOwner
+		}, []Fault{FaultSharedIdentity}, vWrongPod},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -31,6 +31,7 @@ type worker struct {
 	w        *world
 	name     string
 	user     string
+	pod      string // the UID of the pod it runs in: its grants are bound to it
 	jobsLeft int
 	segments int // per operation
 	tries    int // acquisitions for the current job
@@ -100,7 +101,8 @@ type armedFaults struct {
 }
 
 func newWorker(w *world, name string, jobs, segments int) *worker {
-	return &worker{w: w, name: name, user: "system:serviceaccount:" + namespace + ":" + name, jobsLeft: jobs, segments: segments, wakeAt: w.now}
+	return &worker{w: w, name: name, user: "system:serviceaccount:" + namespace + ":" + name, pod: "uid-" + name + "-0",
+		jobsLeft: jobs, segments: segments, wakeAt: w.now}
 }
 
 func (k *worker) paused() bool { return k.w.now.Before(k.pausedUntil) }
@@ -147,7 +149,7 @@ func (k *worker) describe() string {
 }
 
 func (k *worker) send(r *request) {
-	r.from, r.user = k, k.user
+	r.from, r.user, r.pod = k, k.user, k.pod
 	k.pending = r
 	k.w.send(r)
 }
@@ -225,7 +227,7 @@ func (k *worker) acquire() {
 	}
 	k.attempt++
 	rid := fmt.Sprintf("%s-r%d", k.name, k.attempt)
-	k.lock = &clientLock{state: lockclient.StateRequested, requestID: rid, lease: "lease-" + rid, rewriteFault: faultNone,
+	k.lock = &clientLock{state: lockclient.StateRequested, requestID: rid, lease: grant.PodLease(k.pod), rewriteFault: faultNone,
 		root: lockclient.OperationRoot(resourceName + "/" + rid), grantName: locksv1.LockGrantName(resourceName, rid)}
 	k.retries = 0
 	k.w.tracef("%s: REQUESTED (requestID %s)", k.name, rid)

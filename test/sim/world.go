@@ -65,6 +65,7 @@ type request struct {
 	id   int64
 	from *worker // nil: the adversary sent it
 	user string  // the authenticated identity of the sender
+	pod  string  // the pod its bound token names ("" for none)
 	kind requestKind
 
 	grantName string                // LockGrant requests
