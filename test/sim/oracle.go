@@ -593,23 +593,28 @@ func (o *oracle) authenticate(user, pod string, old, obj map[string]any) (*oracl
 	if err != nil || e.Segment < 1 {
 		return nil, authMalformed
 	}
+	return &e, o.authClass(&e, user, pod, obj)
+}
+
+// authClass judges a parsed envelope against who sends it and what it writes.
+func (o *oracle) authClass(e *oracleEnvelope, user, pod string, obj map[string]any) authClass {
 	issued, ok := o.issued[string(e.Grant)]
 	keyID, sig, proofOK := parseProof(e.Proof)
 	switch {
 	case e.grant.Resource != resourceID:
-		return &e, authCrossResource
+		return authCrossResource
 	case !ok || !proofOK || keyID != issued.keyID || !bytes.Equal(sig, issued.signature):
-		return &e, authForged
+		return authForged
 	case user != e.grant.Owner:
-		return &e, authWrongOwner
+		return authWrongOwner
 	case !grant.LeaseAdmits(e.grant.Lease, pod):
-		return &e, authWrongPod
+		return authWrongPod
 	case e.grant.IssuerEpoch < o.w.reg.revokedBelow:
-		return &e, authRevoked
+		return authRevoked
 	case e.Payload != contentDigest(obj):
-		return &e, authPayload
+		return authPayload
 	}
-	return &e, authOK
+	return authOK
 }
 
 // oracleEnvelope is the fence annotation as the oracle reads it.
