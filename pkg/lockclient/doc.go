@@ -35,6 +35,13 @@
 // A lost create response is recovered by reading the LockGrant named
 // deterministically from the requestID — never by creating a second identity.
 //
+// In a pod, NewForConfig learns the pod from the API server (the bound
+// service-account token names it) and binds every request to it: the lease
+// is "pod:<pod UID>", and the webhooks refuse the grant's use — writes,
+// delete intents, deletes, renewals, releases — from any other pod, so
+// replicas sharing a ServiceAccount never use each other's grants. Attach
+// therefore works from the same pod (a restarted container) only.
+//
 // What a commit's result guarantees:
 //   - nil: the segment is applied (its receipt is returned);
 //   - a refusal (a *DenialError, a Guard error, any other error but
