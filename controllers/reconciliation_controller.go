@@ -212,8 +212,3 @@ func summarizeUnresolved(grants []locksv1.LockGrant, now time.Time) unresolvedSu
 	sort.Strings(s.unreadable)
 	return s
 }
-
-// readRecord reads a LockGrant's unresolved-mutation value as cached.
-func readRecord(raw string) (locksv1.UnresolvedMutation, error) {
-	return locksv1.ParseUnresolvedMutation(raw)
-}
