@@ -17,8 +17,9 @@ import (
 const (
 	// activeGrantsIndex holds the issuing.Active LockGrants.
 	activeGrantsIndex = "spec.resource.active"
-	// unresolvedGrantsIndex holds the LockGrants that record a write whose
-	// outcome is unknown (annotation fencekeeper.dev/unresolved-mutation).
+	// unresolvedGrantsIndex holds the LockGrants that carry annotation
+	// fencekeeper.dev/unresolved-mutation, readable or not: a record of a
+	// write whose outcome is unknown, or a value to report as unreadable.
 	unresolvedGrantsIndex = "spec.resource.unresolved"
 )
 
@@ -26,7 +27,7 @@ const (
 func indexGrants(ctx context.Context, indexer client.FieldIndexer) error {
 	for name, keep := range map[string]func(*locksv1.LockGrant) bool{
 		activeGrantsIndex:     issuing.Active,
-		unresolvedGrantsIndex: recordsUnresolvedMutation,
+		unresolvedGrantsIndex: carriesRecord,
 	} {
 		if err := indexer.IndexField(ctx, &locksv1.LockGrant{}, name, func(o client.Object) []string {
 			if lg := o.(*locksv1.LockGrant); keep(lg) {
@@ -40,7 +41,18 @@ func indexGrants(ctx context.Context, indexer client.FieldIndexer) error {
 	return nil
 }
 
-func recordsUnresolvedMutation(lg *locksv1.LockGrant) bool {
+func carriesRecord(lg *locksv1.LockGrant) bool {
 	_, ok := lg.Annotations[locksv1.AnnotationUnresolvedMutation]
 	return ok
+}
+
+// recordsUnresolvedMutation: the LockGrant records a write whose outcome is
+// unknown. An unreadable value records none: no client wrote it for a write.
+func recordsUnresolvedMutation(lg *locksv1.LockGrant) bool {
+	raw, ok := lg.Annotations[locksv1.AnnotationUnresolvedMutation]
+	if !ok {
+		return false
+	}
+	_, err := readRecord(raw)
+	return err == nil
 }

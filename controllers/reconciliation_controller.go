@@ -2,12 +2,12 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,18 +71,17 @@ func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.R
 	}
 	s := summarizeUnresolved(list.Items, r.Issuer.clock.Now())
 	setPerResource(overdueMutations, fr.Namespace, fr.Name, len(s.overdue))
-	was := meta.IsStatusConditionTrue(fr.Status.Conditions, locksv1.ConditionReconciliationRequired)
-	now := len(s.overdue) > 0
+	before := meta.FindStatusCondition(fr.Status.Conditions, locksv1.ConditionReconciliationRequired)
 	result := ctrl.Result{RequeueAfter: s.nextDue}
-	if !now && meta.FindStatusCondition(fr.Status.Conditions, locksv1.ConditionReconciliationRequired) == nil {
-		return result, nil // nothing was ever overdue here: no condition to keep
+	cond := s.condition(before != nil, fr.Generation)
+	if cond == nil {
+		return result, nil // nothing was ever reported here: no condition to keep
 	}
-	cond := metav1.Condition{Type: locksv1.ConditionReconciliationRequired, Status: metav1.ConditionFalse, ObservedGeneration: fr.Generation,
-		Reason: locksv1.ReasonNoUnresolvedMutation, Message: "no write outcome is unknown past the deadline"}
-	if now {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, locksv1.ReasonUnresolvedMutation, s.message()
+	var was metav1.Condition
+	if before != nil {
+		was = *before
 	}
-	if !meta.SetStatusCondition(&fr.Status.Conditions, cond) {
+	if !meta.SetStatusCondition(&fr.Status.Conditions, *cond) {
 		return result, nil
 	}
 	// The resourceVersion read is the precondition: the issuer's status
@@ -93,20 +92,52 @@ func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.R
 		}
 		return ctrl.Result{}, err
 	}
-	switch {
-	case now && !was:
-		r.Recorder.Eventf(&fr, nil, "Warning", locksv1.ConditionReconciliationRequired, "ReconciliationRequired", "%s", s.message())
-	case !now && was:
-		r.Recorder.Eventf(&fr, nil, "Normal", locksv1.ReasonNoUnresolvedMutation, "Reconciled", "every overdue unknown write outcome was resolved")
-	}
+	r.announce(&fr, was, *cond)
 	return result, nil
+}
+
+// announce records a change of the condition with an Event: becoming
+// overdue, being resolved, or (once, when the condition first says so)
+// records that cannot be read.
+func (r *UnresolvedMutationReconciler) announce(fr *locksv1.FencedResource, was, now metav1.Condition) {
+	overdue, wasOverdue := now.Status == metav1.ConditionTrue, was.Status == metav1.ConditionTrue
+	switch {
+	case overdue && !wasOverdue:
+		r.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, locksv1.ConditionReconciliationRequired, "ReconciliationRequired", "%s", now.Message)
+	case !overdue && wasOverdue:
+		r.Recorder.Eventf(fr, nil, corev1.EventTypeNormal, locksv1.ReasonNoUnresolvedMutation, "Reconciled", "every overdue unknown write outcome was resolved")
+	}
+	if now.Reason == locksv1.ReasonUnreadableMutationRecord && was.Reason != now.Reason {
+		r.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, locksv1.ReasonUnreadableMutationRecord, "IgnoreRecord", "%s", now.Message)
+	}
 }
 
 // unresolvedSummary is what the LockGrants of one resource record.
 type unresolvedSummary struct {
 	overdue []string // "LockGrant g: Kind/name operation o segment s under fence f, unknown since t"
+	// unreadable lists the values that are not records: "LockGrant g: why".
+	unreadable []string
 	// nextDue is when the next record becomes overdue (0 when none is pending).
 	nextDue time.Duration
+}
+
+// condition is the ReconciliationRequired condition the summary calls for;
+// nil when there is nothing to say and nothing was said before (exists).
+// Overdue records make it True; unreadable values alone are reported with
+// status False, since they say nothing about any write.
+func (s unresolvedSummary) condition(exists bool, generation int64) *metav1.Condition {
+	c := &metav1.Condition{Type: locksv1.ConditionReconciliationRequired, Status: metav1.ConditionFalse, ObservedGeneration: generation}
+	switch {
+	case len(s.overdue) > 0:
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, locksv1.ReasonUnresolvedMutation, s.message()
+	case len(s.unreadable) > 0:
+		c.Reason, c.Message = locksv1.ReasonUnreadableMutationRecord, s.unreadableMessage()
+	case exists:
+		c.Reason, c.Message = locksv1.ReasonNoUnresolvedMutation, "no write outcome is unknown past the deadline"
+	default:
+		return nil
+	}
+	return c
 }
 
 // Bounds of the condition message: a record is the LockGrant owner's text,
@@ -118,24 +149,39 @@ const (
 )
 
 func (s unresolvedSummary) message() string {
-	listed := make([]string, 0, min(len(s.overdue), maxListedOverdue))
-	for _, o := range s.overdue[:min(len(s.overdue), maxListedOverdue)] {
+	msg := fmt.Sprintf("%d write outcome(s) unknown for more than %s: %s. Check the object, then remove annotation %s from the LockGrant",
+		len(s.overdue), locksv1.UnresolvedMutationDeadline, listBounded(s.overdue), locksv1.AnnotationUnresolvedMutation)
+	if len(s.unreadable) > 0 {
+		msg += fmt.Sprintf(" (%d unreadable value(s) of that annotation ignored)", len(s.unreadable))
+	}
+	return msg
+}
+
+func (s unresolvedSummary) unreadableMessage() string {
+	return fmt.Sprintf("%d value(s) of annotation %s are not unresolved-mutation records and are ignored (no write outcome is unknown from them): %s. Remove the annotation from the LockGrant",
+		len(s.unreadable), locksv1.AnnotationUnresolvedMutation, listBounded(s.unreadable))
+}
+
+// listBounded joins at most maxListedOverdue entries of at most
+// maxOverdueEntryLen bytes each, and counts the rest.
+func listBounded(entries []string) string {
+	listed := make([]string, 0, min(len(entries), maxListedOverdue))
+	for _, o := range entries[:min(len(entries), maxListedOverdue)] {
 		if len(o) > maxOverdueEntryLen {
 			o = strings.ToValidUTF8(o[:maxOverdueEntryLen], "") + "…"
 		}
 		listed = append(listed, o)
 	}
-	if more := len(s.overdue) - len(listed); more > 0 {
+	if more := len(entries) - len(listed); more > 0 {
 		listed = append(listed, fmt.Sprintf("and %d more (kubectl get lockgrants -o yaml shows each record)", more))
 	}
-	return fmt.Sprintf("%d write outcome(s) unknown for more than %s: %s. Check the object, then remove annotation %s from the LockGrant",
-		len(s.overdue), locksv1.UnresolvedMutationDeadline, strings.Join(listed, "; "), locksv1.AnnotationUnresolvedMutation)
+	return strings.Join(listed, "; ")
 }
 
 // summarizeUnresolved sorts the grants' records into overdue ones and the time
-// until the next becomes overdue. A record the operator cannot read is
-// overdue at once: nobody can resolve what nobody can read. A timestamp in
-// the future (a worker's clock ahead of the issuer's) counts from now.
+// until the next becomes overdue, and lists the values that are not records
+// (never overdue: no client wrote one for a write). A timestamp in the future
+// (a worker's clock ahead of the issuer's) counts from now.
 func summarizeUnresolved(grants []locksv1.LockGrant, now time.Time) unresolvedSummary {
 	var s unresolvedSummary
 	for _, lg := range grants {
@@ -143,9 +189,9 @@ func summarizeUnresolved(grants []locksv1.LockGrant, now time.Time) unresolvedSu
 		if !ok {
 			continue
 		}
-		var u locksv1.UnresolvedMutation
-		if err := json.Unmarshal([]byte(raw), &u); err != nil {
-			s.overdue = append(s.overdue, fmt.Sprintf("LockGrant %s: unreadable record (%v)", lg.Name, err))
+		u, err := readRecord(raw)
+		if err != nil {
+			s.unreadable = append(s.unreadable, fmt.Sprintf("LockGrant %s: %v", lg.Name, err))
 			continue
 		}
 		since := u.Since
@@ -163,5 +209,6 @@ func summarizeUnresolved(grants []locksv1.LockGrant, now time.Time) unresolvedSu
 			lg.Name, u.Object, u.Operation, u.Segment, u.Fence, u.Since.UTC().Format(time.RFC3339)))
 	}
 	sort.Strings(s.overdue)
+	sort.Strings(s.unreadable)
 	return s
 }

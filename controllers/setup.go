@@ -6,10 +6,8 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -88,20 +86,4 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 		return nil, err
 	}
 	return issuer, nil
-}
-
-// CacheOptions limits the cache to what the operator needs: ConfigMaps only in
-// its own namespace (the trust bundle), never cluster-wide.
-func CacheOptions(namespace string) cache.Options {
-	if namespace == "" {
-		namespace = locksv1.DefaultNamespace
-	}
-	return cache.Options{
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-		},
-		// Nothing here reads managedFields; at 10,000 entries with grants
-		// they are a large part of what the cache holds.
-		DefaultTransform: cache.TransformStripManagedFields(),
-	}
 }

@@ -22,15 +22,19 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
-// The owner's own updates and deletes (renew, release, withdraw) skip the
-// webhook: the owner needs no other authority, and the CRD's CEL rules keep
-// the spec's (immutable fields, renewals only grow, release only set). That
-// takes an admission round trip off every renewal and handoff. Creates and
-// anyone else's changes come here, and so does a change by the owner's
-// identity from another pod than the one a pod-bound LockGrant names
-// (spec.lease "pod:<UID>", see grant.PodLease): replicas sharing a
-// ServiceAccount cannot renew, release or withdraw each other's requests.
-// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-the-owners-own-change","expression":"request.operation == 'CREATE' || oldObject == null || request.userInfo.username != oldObject.spec.owner || (oldObject.spec.lease.startsWith('pod:') && !(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-uid' in request.userInfo.extra && request.userInfo.extra['authentication.kubernetes.io/pod-uid'] == [oldObject.spec.lease.substring(4)]))"}]}`
+// The owner's renewals, releases and deletes skip the webhook: the owner
+// needs no other authority, and the CRD's CEL rules keep the spec's
+// (immutable fields, renewals only grow, release only set). That takes an
+// admission round trip off every renewal and handoff. Creates, anyone else's
+// changes and a change of what the owner attaches to it (labels,
+// annotations, finalizers, owner references: bounded, and the
+// unresolved-mutation record must be one) come here. A map or list that is
+// absent, or empty, counts as empty; a DELETE has no object. So does a
+// change by the owner's identity from another pod than the one a pod-bound
+// LockGrant names (spec.lease "pod:<UID>", see grant.PodLease): replicas
+// sharing a ServiceAccount cannot renew, release or withdraw each other's
+// requests.
+// +kubebuilder:webhook:path=/validate-locks-fencekeeper-dev-v1alpha1-lockgrant,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=locks.fencekeeper.dev,resources=lockgrants,verbs=create;update;delete,versions=v1alpha1,name=vlockgrant.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"not-the-owners-renewal-or-release","expression":"request.operation == 'CREATE' || oldObject == null || request.userInfo.username != oldObject.spec.owner || (oldObject.spec.lease.startsWith('pod:') && !(has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-uid' in request.userInfo.extra && request.userInfo.extra['authentication.kubernetes.io/pod-uid'] == [oldObject.spec.lease.substring(4)])) || (object != null && ['labels', 'annotations', 'finalizers', 'ownerReferences'].exists(f, (f in object.metadata && size(object.metadata[f]) > 0) != (f in oldObject.metadata && size(oldObject.metadata[f]) > 0) || (f in object.metadata && f in oldObject.metadata && object.metadata[f] != oldObject.metadata[f])))"}]}`
 
 // The namespace controller's deletes are allowed only while the namespace
 // terminates, which the webhook reads from the API server.
@@ -82,7 +86,7 @@ func (v *LockGrantValidator) ValidateCreate(ctx context.Context, lg *locksv1.Loc
 	} else if err != nil {
 		return nil, fmt.Errorf("read FencedResource %s/%s: %w", lg.Namespace, lg.Spec.Resource, err)
 	}
-	return nil, invalidLockGrant(lg, validateLockGrantCreate(req.UserInfo.Username, locksv1.RequestPod(req.UserInfo), lg, fr))
+	return nil, invalidLockGrant(lg, append(validateLockGrantCreate(req.UserInfo.Username, locksv1.RequestPod(req.UserInfo), lg, fr), validateAttachedMetadata(nil, lg)...))
 }
 
 // fencedResource reads a request's FencedResource from the cache, and from
@@ -146,11 +150,11 @@ func (v *LockGrantValidator) admitChange(ctx context.Context, oldLG, newLG *lock
 			return apierrors.NewInternalError(err)
 		}
 	}
+	via, denied := authorizeLockGrant(call)
 	var errs field.ErrorList
 	if newLG != nil {
-		errs = validateLockGrantSpecUpdate(oldLG, newLG)
+		errs = validateLockGrantUpdate(via, oldLG, newLG)
 	}
-	via, denied := authorizeLockGrant(call)
 	op := string(req.Operation)
 	switch {
 	case len(denied) > 0:
@@ -411,6 +415,70 @@ func userMetadata(m *metav1.ObjectMeta, terminating bool) metav1.ObjectMeta {
 		})
 	}
 	return c
+}
+
+// validateLockGrantUpdate judges an admitted update: the spec's rules
+// whoever asks, and what is attached to it when the owner changed it. A
+// break-glass user and the operator override ownership, audited; what they
+// store is bounded in the operator's cache and an unreadable record is
+// reported there, so an on-call engineer is never stopped by these checks.
+func validateLockGrantUpdate(via lockGrantAuthority, oldLG, newLG *locksv1.LockGrant) field.ErrorList {
+	errs := validateLockGrantSpecUpdate(oldLG, newLG)
+	if via == viaOwner {
+		errs = append(errs, validateAttachedMetadata(oldLG, newLG)...)
+	}
+	return errs
+}
+
+// validateAttachedMetadata keeps what a tenant attaches to a LockGrant within
+// locksv1.MaxLockGrantMetadataBytes and its unresolved-mutation record
+// readable; oldLG is nil for a create. Every operator replica caches every
+// LockGrant, so without a bound one tenant's annotations grow the memory of
+// all of them. A LockGrant already over the budget (stored before it existed,
+// or by break-glass) may change as long as it does not grow, and the record
+// is judged only when it changes: removing either is always allowed.
+func validateAttachedMetadata(oldLG, newLG *locksv1.LockGrant) field.ErrorList {
+	var errs field.ErrorList
+	size := attachedMetadataBytes(&newLG.ObjectMeta)
+	if size > locksv1.MaxLockGrantMetadataBytes && (oldLG == nil || size > attachedMetadataBytes(&oldLG.ObjectMeta)) {
+		errs = append(errs, field.Invalid(field.NewPath("metadata"), fmt.Sprintf("%d bytes", size),
+			fmt.Sprintf("the labels, annotations, finalizers and ownerReferences of a LockGrant may hold at most %d bytes together (keys and values); these hold %d bytes",
+				locksv1.MaxLockGrantMetadataBytes, size)))
+	}
+	raw, ok := newLG.Annotations[locksv1.AnnotationUnresolvedMutation]
+	if !ok {
+		return errs
+	}
+	if oldLG != nil {
+		if was, had := oldLG.Annotations[locksv1.AnnotationUnresolvedMutation]; had && was == raw {
+			return errs
+		}
+	}
+	if _, err := locksv1.ParseUnresolvedMutation(raw); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "annotations").Key(locksv1.AnnotationUnresolvedMutation), field.OmitValueType{},
+			fmt.Sprintf("%v; the record is the JSON object pkg/lockclient writes (object, operation, fence, segment, payload, since), at most %d bytes; remove the annotation once the write is reconciled",
+				err, locksv1.MaxUnresolvedMutationBytes)))
+	}
+	return errs
+}
+
+// attachedMetadataBytes counts what a client attaches to an object: label
+// and annotation keys and values, finalizers and owner references.
+func attachedMetadataBytes(m *metav1.ObjectMeta) int {
+	n := 0
+	for k, v := range m.Labels {
+		n += len(k) + len(v)
+	}
+	for k, v := range m.Annotations {
+		n += len(k) + len(v)
+	}
+	for _, f := range m.Finalizers {
+		n += len(f)
+	}
+	for _, r := range m.OwnerReferences {
+		n += len(r.APIVersion) + len(r.Kind) + len(r.Name) + len(r.UID)
+	}
+	return n
 }
 
 // validateLockGrantSpecUpdate keeps the spec's rules, whoever asks: everything

@@ -194,3 +194,82 @@ func TestValidateLockGrantSpecUpdate(t *testing.T) {
 		}
 	}
 }
+
+func validRecord(t *testing.T) string {
+	t.Helper()
+	raw, err := locksv1.UnresolvedMutation{Object: "ConfigMap/x", Operation: "op", Fence: 1, Segment: 1,
+		Payload: "sha256:" + strings.Repeat("0", 64), Since: metav1.Now().UTC()}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// withBlob sets annotation example.com/blob so that g's attached metadata is size bytes.
+func withBlob(g *locksv1.LockGrant, size int) *locksv1.LockGrant {
+	delete(g.Annotations, "example.com/blob")
+	if g.Annotations == nil {
+		g.Annotations = map[string]string{}
+	}
+	g.Annotations["example.com/blob"] = strings.Repeat("x", size-attachedMetadataBytes(&g.ObjectMeta)-len("example.com/blob"))
+	return g
+}
+
+func TestAttachedMetadataBytes(t *testing.T) {
+	m := metav1.ObjectMeta{Labels: map[string]string{"ab": "c"}, Annotations: map[string]string{"d": "ef"},
+		Finalizers: []string{"gh"}, OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "K", Name: "n", UID: "u"}}}
+	if got := attachedMetadataBytes(&m); got != 3+3+2+5 {
+		t.Errorf("attachedMetadataBytes = %d, want 13", got)
+	}
+}
+
+func TestValidateAttachedMetadata(t *testing.T) {
+	const budget = locksv1.MaxLockGrantMetadataBytes
+	fresh := func() *locksv1.LockGrant { g := heldGrant(); g.Annotations = nil; return g }
+	withRecord := func(g *locksv1.LockGrant, v string) *locksv1.LockGrant {
+		metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, v)
+		return g
+	}
+	record := validRecord(t)
+	cases := map[string]struct {
+		old, new *locksv1.LockGrant
+		want     string // "" admits; else a substring of the errors
+	}{
+		"create at the budget":            {nil, withBlob(fresh(), budget), ""},
+		"create over the budget":          {nil, withBlob(fresh(), budget+1), "metadata: Invalid value: \"16385 bytes\": the labels, annotations, finalizers and ownerReferences of a LockGrant may hold at most 16384 bytes"},
+		"update over the budget":          {fresh(), withBlob(fresh(), budget+1), "at most 16384 bytes together (keys and values); these hold 16385 bytes"},
+		"over the budget, shrinking":      {withBlob(fresh(), 3*budget), withBlob(fresh(), 2*budget), ""},
+		"over the budget, growing":        {withBlob(fresh(), 2*budget), withBlob(fresh(), 2*budget+1), "these hold 32769 bytes"},
+		"create with a valid record":      {nil, withRecord(fresh(), record), ""},
+		"create with garbage":             {nil, withRecord(fresh(), "{not json"), "metadata.annotations[fencekeeper.dev/unresolved-mutation]: Invalid value: not an unresolved-mutation record: invalid character"},
+		"garbage written":                 {fresh(), withRecord(fresh(), `{"object":"ConfigMap/x"}`), "operation must be 1..253 bytes"},
+		"garbage replacing a record":      {withRecord(fresh(), record), withRecord(fresh(), "x"), "not an unresolved-mutation record"},
+		"stored garbage left as it is":    {withRecord(fresh(), "x"), withRecord(withBlob(fresh(), 100), "x"), ""},
+		"stored garbage removed":          {withRecord(fresh(), "x"), fresh(), ""},
+		"over the record's bound, and it": {nil, withRecord(fresh(), strings.Repeat(" ", 5000)), "5000 bytes, more than 4096"},
+	}
+	for name, c := range cases {
+		got := validateAttachedMetadata(c.old, c.new).ToAggregate()
+		switch {
+		case c.want == "" && got != nil:
+			t.Errorf("%s: refused: %v", name, got)
+		case c.want != "" && (got == nil || !strings.Contains(got.Error(), c.want)):
+			t.Errorf("%s: got %v, want an error containing %q", name, got, c.want)
+		}
+	}
+}
+
+func TestValidateLockGrantUpdateJudgesOnlyTheOwnersMetadata(t *testing.T) {
+	old, garbage := heldGrant(), heldGrant()
+	garbage.Annotations[locksv1.AnnotationUnresolvedMutation] = "{not json"
+	for via, refused := range map[lockGrantAuthority]bool{viaOwner: true, viaBreakGlass: false, viaOperator: false} {
+		if errs := validateLockGrantUpdate(via, old, garbage); (len(errs) > 0) != refused {
+			t.Errorf("%s writing a garbage record: errors %v, want refused=%v", via, errs, refused)
+		}
+	}
+	released := heldGrant()
+	released.Spec.Release, old.Spec.Release = false, true
+	if errs := validateLockGrantUpdate(viaBreakGlass, old, released); len(errs) == 0 {
+		t.Error("break-glass undid a release: the spec's rules hold whoever asks")
+	}
+}

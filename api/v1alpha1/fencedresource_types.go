@@ -42,6 +42,11 @@ const (
 	ReasonUnresolvedMutation = "UnresolvedMutation"
 	// ReasonNoUnresolvedMutation: no overdue unknown outcome remains.
 	ReasonNoUnresolvedMutation = "NoUnresolvedMutation"
+	// ReasonUnreadableMutationRecord (with status False): a LockGrant carries
+	// an unresolved-mutation annotation that is not a record. No client wrote
+	// it for a write, so it is ignored (and does not keep its LockGrant from
+	// being collected); the condition and one Event say so.
+	ReasonUnreadableMutationRecord = "UnreadableMutationRecord"
 )
 
 // ObjectTarget names the in-cluster object, in the FencedResource's namespace, that the entry protects.

@@ -44,6 +44,13 @@ const GrantFinalizer = "locks.fencekeeper.dev/release"
 // condition; whoever reconciles the object removes the annotation.
 const AnnotationUnresolvedMutation = "fencekeeper.dev/unresolved-mutation"
 
+// MaxLockGrantMetadataBytes bounds what a tenant attaches to a LockGrant:
+// its labels and annotations (keys and values), finalizers and owner
+// references, in bytes together. Every operator replica caches every
+// LockGrant; the LockGrant webhook refuses a create or an owner's update
+// over it.
+const MaxLockGrantMetadataBytes = 16 << 10
+
 // UnresolvedMutationDeadline is how long an UNKNOWN outcome may stay
 // unresolved before it needs a human (the source design's release gate).
 const UnresolvedMutationDeadline = 15 * time.Minute

@@ -34,8 +34,8 @@ const MaxFenceAnnotationBytes = 8 << 10
 // MaxReceipts is how many accepted segments the receipt log keeps (newest last).
 const MaxReceipts = 32
 
-// maxOperationLen bounds the operation ID.
-const maxOperationLen = 253
+// MaxOperationBytes bounds the operation ID.
+const MaxOperationBytes = 253
 
 // IntentDelete is the only valid Envelope.Intent: the segment declares that
 // the holder is about to delete the object (DESIGN.md, "DELETE of a protected object").
@@ -127,8 +127,8 @@ func envelopeStrings(e *Envelope, m map[string]string) error {
 	if e.Operation, err = jsonString("operation", m["operation"]); err != nil {
 		return err
 	}
-	if e.Operation == "" || len(e.Operation) > maxOperationLen {
-		return fmt.Errorf("operation must be 1..%d bytes", maxOperationLen)
+	if e.Operation == "" || len(e.Operation) > MaxOperationBytes {
+		return fmt.Errorf("operation must be 1..%d bytes", MaxOperationBytes)
 	}
 	if e.Payload, err = jsonString("payload", m["payload"]); err != nil {
 		return err

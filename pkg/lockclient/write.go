@@ -2,7 +2,6 @@ package lockclient
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -348,8 +347,11 @@ func (op *Operation) Resolve(ctx context.Context, obj client.Object, s Sent) (Re
 const unresolvedRecordTimeout = 30 * time.Second
 
 func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, want fence.Receipt) error {
-	rec, _ := json.Marshal(locksv1.UnresolvedMutation{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
-		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()})
+	rec, err := locksv1.UnresolvedMutation{Object: obj.GetObjectKind().GroupVersionKind().Kind + "/" + obj.GetName(), Operation: want.Operation,
+		Fence: want.Fence, Segment: want.Segment, Payload: want.Payload, Since: time.Now().UTC()}.Encode()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unresolvedRecordTimeout)
 	defer cancel()
 	// The issuer's status writes and this lock's renewals race with it
@@ -372,7 +374,7 @@ func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, wa
 	}
 }
 
-func (op *Operation) tryRecordUnresolved(ctx context.Context, rec []byte) error {
+func (op *Operation) tryRecordUnresolved(ctx context.Context, rec string) error {
 	l := op.lock
 	var lg locksv1.LockGrant
 	if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
@@ -384,7 +386,7 @@ func (op *Operation) tryRecordUnresolved(ctx context.Context, rec []byte) error 
 	if _, exists := lg.Annotations[locksv1.AnnotationUnresolvedMutation]; exists {
 		return nil // the oldest unresolved outcome is the one that matters
 	}
-	lg.Annotations[locksv1.AnnotationUnresolvedMutation] = string(rec)
+	lg.Annotations[locksv1.AnnotationUnresolvedMutation] = rec
 	return l.c.kube.Update(ctx, &lg)
 }
 

@@ -30,8 +30,7 @@ var _ = Describe("Ended LockGrant collection", func() {
 		waitPhase(done, locksv1.PhaseReleased)
 		unresolved := waitPhase(request(ns, "batch", "worker-a", "unresolved"), locksv1.PhaseHeld)
 		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: unresolved.ObjectMeta}, func(g *locksv1.LockGrant) {
-			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation,
-				`{"object":"ConfigMap/x","operation":"op","segment":1,"fence":2,"since":"2026-01-01T00:00:00Z"}`)
+			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, recordJSON(nil))
 		})).To(Succeed())
 		release(unresolved)
 		waitPhase(unresolved, locksv1.PhaseReleased)

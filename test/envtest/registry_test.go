@@ -329,7 +329,7 @@ var _ = Describe("the lock registry", func() {
 	})
 
 	It("lets the owner renew and release without calling the LockGrant webhook, and the CRD still holds the spec rules", func() {
-		// The owner's updates are the critical path of every renewal and
+		// The owner's renewals and releases are the critical path of every
 		// handoff: the webhook configuration's matchCondition leaves them to
 		// the API server (owner == requester needs no other authority) and the
 		// CRD's CEL rules keep the spec's, so no admission round trip is paid.
@@ -340,9 +340,23 @@ var _ = Describe("the lock registry", func() {
 
 		before := calls()
 		renew(lg)
-		Expect(workers["worker-a"].Patch(suiteCtx, &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta},
-			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"billing"}}}`)))).To(Succeed())
-		Expect(calls()).To(Equal(before), "the owner's renewal and label change called the LockGrant webhook")
+		Expect(calls()).To(Equal(before), "the owner's renewal called the LockGrant webhook")
+
+		// What the owner attaches is judged (its size, the unresolved-mutation
+		// record): a change of its labels, annotations, finalizers or owner
+		// references comes to the webhook, also when the map appears or goes.
+		for _, patch := range []string{
+			`{"metadata":{"labels":{"team":"billing"}}}`,
+			`{"metadata":{"labels":null}}`,
+			`{"metadata":{"annotations":{"note":"x"}}}`,
+			`{"metadata":{"finalizers":["example.com/hold","locks.fencekeeper.dev/release"]}}`,
+			`{"metadata":{"finalizers":["locks.fencekeeper.dev/release"]}}`,
+		} {
+			before = calls()
+			Expect(workers["worker-a"].Patch(suiteCtx, &locksv1.LockGrant{ObjectMeta: lg.ObjectMeta},
+				client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+			Expect(calls()).To(BeNumerically(">=", before+1), "the owner's %s skipped the LockGrant webhook", patch)
+		}
 
 		// Fields left out of a merge patch are defaulted, then judged by the CRD.
 		for patch, msg := range map[string]string{

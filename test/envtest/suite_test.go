@@ -135,7 +135,9 @@ func startWebhookServer() {
 
 // operator is one running issuer (a manager with its own cache).
 type operator struct {
-	issuer  *controllers.Issuer
+	issuer *controllers.Issuer
+	// cached reads through the manager's cache, as its controllers do.
+	cached  client.Reader
 	clock   *clocktesting.FakeClock
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
@@ -154,7 +156,7 @@ func startOperator(name string, clk *clocktesting.FakeClock, opts controllers.Op
 	opts.Namespace, opts.Clock, opts.InstanceName = opNamespace, clk, name
 	issuer, err := controllers.Setup(ctx, mgr, opts)
 	Expect(err).NotTo(HaveOccurred())
-	op := &operator{issuer: issuer, clock: clk, cancel: cancel}
+	op := &operator{issuer: issuer, cached: mgr.GetClient(), clock: clk, cancel: cancel}
 	op.done.Add(1)
 	go func() {
 		defer GinkgoRecover()

@@ -45,7 +45,7 @@ var _ = Describe("LockGrant tenancy", func() {
 	It("denies a co-tenant's change of annotations, finalizers, labels and owner references", func() {
 		// The owner records an unresolved mutation (what pkg/lockclient does).
 		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: held.ObjectMeta}, func(g *locksv1.LockGrant) {
-			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, `{"object":"ConfigMap/x"}`)
+			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, recordJSON(nil))
 		})).To(Succeed())
 
 		fr := getFR(ns, "batch")
@@ -79,7 +79,7 @@ var _ = Describe("LockGrant tenancy", func() {
 	It("lets the owner label, renew, release and delete its own LockGrants", func() {
 		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: held.ObjectMeta}, func(g *locksv1.LockGrant) {
 			metav1.SetMetaDataLabel(&g.ObjectMeta, "team", "a")
-			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, `{"object":"ConfigMap/x"}`)
+			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, recordJSON(nil))
 		})).To(Succeed())
 		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: held.ObjectMeta}, func(g *locksv1.LockGrant) {
 			delete(g.Annotations, locksv1.AnnotationUnresolvedMutation)
@@ -116,7 +116,7 @@ var _ = Describe("LockGrant tenancy", func() {
 		oncall := userClient("oncall")
 		bindRole(ns, "oncall", "get", "list", "update", "patch", "delete", "break-glass")
 		Expect(update(workers["worker-a"], &locksv1.LockGrant{ObjectMeta: held.ObjectMeta}, func(g *locksv1.LockGrant) {
-			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, `{"object":"ConfigMap/x"}`)
+			metav1.SetMetaDataAnnotation(&g.ObjectMeta, locksv1.AnnotationUnresolvedMutation, recordJSON(nil))
 		})).To(Succeed())
 		// Reconciling by hand: the on-call engineer clears the record.
 		Expect(update(oncall, &locksv1.LockGrant{ObjectMeta: held.ObjectMeta}, func(g *locksv1.LockGrant) {
