@@ -45,6 +45,13 @@ func NewForConfig(ctx context.Context, cfg *rest.Config, namespace string) (*Cli
 // Identity is the owner this client claims as.
 func (c *Client) Identity() string { return c.identity }
 
+// LockGrantName is the name of the LockGrant in which this client requests
+// resource with requestID (locksv1.LockGrantName with its identity as owner):
+// Acquire creates it, and finds it again after a lost response.
+func (c *Client) LockGrantName(resource, requestID string) string {
+	return locksv1.LockGrantName(resource, c.identity, requestID)
+}
+
 // NewRequestID returns a random request ID. Persist it before acquiring if a
 // restarted worker must find its request again.
 func NewRequestID() string {

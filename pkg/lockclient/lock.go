@@ -85,7 +85,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	if o.OperationRoot == "" {
 		o.OperationRoot = OperationRoot(resource + "/" + o.RequestID)
 	}
-	l := &Lock{c: c, key: types.NamespacedName{Namespace: c.namespace, Name: locksv1.LockGrantName(resource, o.RequestID)},
+	l := &Lock{c: c, key: types.NamespacedName{Namespace: c.namespace, Name: c.LockGrantName(resource, o.RequestID)},
 		resource: resource, opts: o, state: StateRequested, done: make(chan struct{})}
 	l.notify(StateRequested)
 	if err := l.createOrRecover(ctx); err != nil {
