@@ -76,6 +76,19 @@ var _ = Describe("requestIDs belong to their owner", func() {
 		Expect(a.l.LockGrant().Spec.Owner).To(Equal("worker-a"))
 	})
 
+	It("tells the owner's client that a LockGrant written by hand under its name is another request", func() {
+		byHand := newGrant(ns, "batch", "worker-a", "nightly")
+		byHand.Name = locksv1.LockGrantName("batch", "worker-a", "nightly")
+		byHand.Spec.Lease = "by-hand"
+		Expect(workers["worker-a"].Create(suiteCtx, byHand)).To(Succeed())
+		c, _ := faultyWorker(ns, "worker-a")
+		ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
+		defer cancel()
+		_, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "nightly"})
+		Expect(err).To(MatchError(lockclient.ErrRequestIDTaken))
+		Expect(err.Error()).To(And(ContainSubstring(byHand.Name), ContainSubstring(`spec.lease is "by-hand", not "lease-nightly"`)))
+	})
+
 	It("admits and serves a LockGrant written by hand under any name", func() {
 		lg := newGrant(ns, "batch", "worker-a", "nightly")
 		lg.Name = "nightly-import"
