@@ -41,8 +41,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 
 // LockGrantValidator admits LockGrants: the owner is the requesting user, the
-// FencedResource exists and its policy allows the request, and requestIDs are
-// unique. A LockGrant belongs to its owner: only the owner changes (metadata
+// FencedResource exists and its policy allows the request, and a name of the
+// client library's form is that request's own. A LockGrant belongs to its owner: only the owner changes (metadata
 // included) or deletes it, except the operator, an RBAC-authorized
 // break-glass, and the namespace controller emptying a terminating namespace.
 type LockGrantValidator struct {
@@ -243,15 +243,28 @@ func validateLockGrantCreate(user, pod string, lg *locksv1.LockGrant, fr *locksv
 	case locksv1.ReasonCategoryDenied:
 		return field.ErrorList{field.NotSupported(spec.Child("operationCategory"), lg.Spec.OperationCategory, fr.Spec.OperationCategories)}
 	}
-	// One request, one name: the API server's name uniqueness then refuses a
-	// second LockGrant for the same requestID atomically (AlreadyExists),
-	// where a list of the resource's LockGrants was racy and grew with its
-	// history.
-	if want := locksv1.LockGrantName(lg.Spec.Resource, lg.Spec.RequestID); lg.Name != want {
-		return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), lg.Name,
-			fmt.Sprintf("must be %q, the name of the request (spec.resource, spec.requestID): one name per request, so a requestID cannot get a second identity (kubectl fence acquire and pkg/lockclient name it so)", want))}
+	return validateLockGrantName(lg)
+}
+
+// validateLockGrantName keeps the library's names for their own requests.
+// Any name is admitted but one of LockGrantName's form (a dash and 16 hex
+// digits at the end), which must be LockGrantName of this very request:
+// otherwise another owner could create, under the name an owner's client will
+// use, a LockGrant that blocks that client's create (AlreadyExists).
+func validateLockGrantName(lg *locksv1.LockGrant) field.ErrorList {
+	spec := field.NewPath("spec")
+	if strings.ContainsRune(lg.Spec.RequestID, 0) {
+		// The name hashes resource, owner and requestID joined by NUL.
+		return field.ErrorList{field.Invalid(spec.Child("requestID"), lg.Spec.RequestID, "must not contain the NUL character")}
 	}
-	return nil
+	want := locksv1.LockGrantName(lg.Spec.Resource, lg.Spec.Owner, lg.Spec.RequestID)
+	if !locksv1.LockGrantNameForm(lg.Name) || lg.Name == want {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), lg.Name, fmt.Sprintf(
+		"must be %q: a name ending in a dash and 16 lowercase hex digits is reserved for the name the client library derives from "+
+			"(spec.resource, spec.owner, spec.requestID), so that nobody can take the name another owner's request will have; "+
+			"use that name, or any name that does not end in a dash and 16 hex digits", want))}
 }
 
 // leaseViolation says why a request from pod ("" for none) may not carry

@@ -24,26 +24,34 @@ func TestEnforcementRatchet(t *testing.T) {
 
 func TestLockGrantValidation(t *testing.T) {
 	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Name: "batch"},
-		Spec: locksv1.FencedResourceSpec{AllowedOwners: []string{"a"}, OperationCategories: []string{"settle"}}}
+		Spec: locksv1.FencedResourceSpec{AllowedOwners: []string{"a", "b"}, OperationCategories: []string{"settle"}}}
 	lg := func(owner, req, cat string) *locksv1.LockGrant {
-		return &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: locksv1.LockGrantName("batch", req)},
+		return &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: locksv1.LockGrantName("batch", owner, req)},
 			Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: owner, RequestID: req, OperationCategory: cat,
 				Lease: "lease", OperationRoot: "sha256:" + strings.Repeat("0", 64)}}
 	}
 	renamed := func(l *locksv1.LockGrant, name string) *locksv1.LockGrant { l.Name = name; return l }
+	mine := locksv1.LockGrantName("batch", "a", "r")
 	cases := map[string]struct {
 		user  string
 		lg    *locksv1.LockGrant
 		field string // the path the error names ("" when valid)
 		want  string
 	}{
-		"ok":            {"a", lg("a", "r", "settle"), "", ""},
-		"other owner":   {"b", lg("a", "r", "settle"), "spec.owner", "must equal the requesting user"},
-		"not allowed":   {"c", lg("c", "r", "settle"), "spec.owner", "allowedOwners"},
-		"category":      {"a", lg("a", "r", "refund"), "spec.operationCategory", `supported values: "settle"`},
-		"another name":  {"a", renamed(lg("a", "r", "settle"), "batch-r-second"), "metadata.name", `must be "` + locksv1.LockGrantName("batch", "r") + `"`},
-		"generateName":  {"a", renamed(lg("a", "r", "settle"), ""), "metadata.name", "one name per request"},
-		"other request": {"a", renamed(lg("a", "r", "settle"), locksv1.LockGrantName("batch", "q")), "metadata.name", "must be"},
+		"ok":                     {"a", lg("a", "r", "settle"), "", ""},
+		"other owner":            {"b", lg("a", "r", "settle"), "spec.owner", "must equal the requesting user"},
+		"not allowed":            {"c", lg("c", "r", "settle"), "spec.owner", "allowedOwners"},
+		"category":               {"a", lg("a", "r", "refund"), "spec.operationCategory", `supported values: "settle"`},
+		"written by hand":        {"a", renamed(lg("a", "r", "settle"), "nightly-import"), "", ""},
+		"generateName":           {"a", renamed(lg("a", "r", "settle"), ""), "", ""},
+		"uppercase hex is free":  {"a", renamed(lg("a", "r", "settle"), "batch-0123456789ABCDEF"), "", ""},
+		"17 hex digits are free": {"a", renamed(lg("a", "r", "settle"), "batch-0123456789abcdef0"), "", ""},
+		// b squats a's requestID under the name a's client will use.
+		"another owner's name": {"b", renamed(lg("b", "r", "settle"), mine), "metadata.name",
+			`must be "` + locksv1.LockGrantName("batch", "b", "r") + `": a name ending in a dash and 16 lowercase hex digits is reserved`},
+		"another request's name":     {"a", renamed(lg("a", "r", "settle"), locksv1.LockGrantName("batch", "a", "q")), "metadata.name", `must be "` + mine + `"`},
+		"a made-up name of the form": {"a", renamed(lg("a", "r", "settle"), "nightly-2026071912345678"), "metadata.name", `must be "` + mine + `"`},
+		"NUL in the requestID":       {"a", lg("a", "r\x00s", "settle"), "spec.requestID", "must not contain the NUL character"},
 	}
 	for name, c := range cases {
 		errs := validateLockGrantCreate(c.user, "", c.lg, fr)
@@ -53,19 +61,6 @@ func TestLockGrantValidation(t *testing.T) {
 		case c.field != "" && (len(errs) != 1 || errs[0].Field != c.field || !strings.Contains(errs[0].Error(), c.want)):
 			t.Errorf("%s: got %v, want %s: …%s…", name, errs, c.field, c.want)
 		}
-	}
-}
-
-func TestLockGrantName(t *testing.T) {
-	long := strings.Repeat("r", 253)
-	for _, c := range []struct{ resource, req string }{{"batch", "r1"}, {"batch", "r2"}, {long, "r1"}} {
-		n := locksv1.LockGrantName(c.resource, c.req)
-		if len(n) > 253 || !strings.HasPrefix(n, c.resource[:min(len(c.resource), 200)]+"-") || n != locksv1.LockGrantName(c.resource, c.req) {
-			t.Errorf("LockGrantName(%.20q, %q) = %q: want a stable name of at most 253 characters starting with the resource", c.resource, c.req, n)
-		}
-	}
-	if locksv1.LockGrantName("batch", "r1") == locksv1.LockGrantName("batch", "r2") || locksv1.LockGrantName("a", "b-c") == locksv1.LockGrantName("a-b", "c") {
-		t.Error("two requests share a name")
 	}
 }
 

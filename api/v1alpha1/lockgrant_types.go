@@ -21,7 +21,7 @@ const (
 	PhaseReleased LockGrantPhase = "Released"
 	// PhaseRevoked is a grant issued under an issuer epoch that the trust bundle revoked.
 	PhaseRevoked LockGrantPhase = "Revoked"
-	// PhaseDenied is a request that can never be served (policy or duplicate request).
+	// PhaseDenied is a request that can never be served (policy, unsignable, or a duplicate of the owner's requestID).
 	PhaseDenied LockGrantPhase = "Denied"
 )
 
@@ -84,7 +84,7 @@ const (
 	ReasonPolicyChanged    = "PolicyChanged"
 	ReasonOwnerNotAllowed  = "OwnerNotAllowed"
 	ReasonCategoryDenied   = "OperationCategoryNotAllowed"
-	ReasonDuplicateRequest = "DuplicateRequestID"
+	ReasonDuplicateRequest = "DuplicateRequestID" // another LockGrant of the owner with this requestID is served
 	ReasonNoSuchResource   = "FencedResourceNotFound"
 	// ReasonUnsignable: no grant can be signed for the request (a field
 	// longer than a grant holds, counted in bytes); see UnsignableRequest.
@@ -109,10 +109,15 @@ type LockGrantSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="owner is immutable"
 	Owner string `json:"owner"`
 
-	// requestID is the idempotency key: one LockGrant per resource and requestID.
-	// The LockGrant's name must be the request's name (LockGrantName: the
-	// resource name, a dash and 16 hex digits of SHA-256 over resource and
-	// requestID), so the API server's name uniqueness enforces it.
+	// requestID is the owner's idempotency key: one LockGrant per resource,
+	// owner and requestID; another owner's requestID is another request. The
+	// client library names the LockGrant LockGrantName(resource, owner,
+	// requestID): the resource name, a dash and 16 lowercase hex digits of
+	// SHA-256 over the three joined by NUL (so requestID holds no NUL). Any
+	// other name is allowed (a LockGrant written by hand), except one ending
+	// in a dash and 16 lowercase hex digits that is not this request's own.
+	// Of two LockGrants of one owner with one requestID, the issuer serves
+	// one and denies the other (DuplicateRequestID).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
@@ -231,7 +236,7 @@ type LockGrantStatus struct {
 // as <invalid>. (Kept apart from the type's doc, which kubectl explain shows.)
 
 // LockGrant is one acquisition attempt on a FencedResource and, once issued, its signed grant.
-// Its name is fixed by spec.resource and spec.requestID (see requestID).
+// Its name is free, except that a name of the client library's form must be its own (see requestID).
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status

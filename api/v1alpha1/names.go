@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 
@@ -106,19 +107,43 @@ func TargetClaimName(namespace, targetKey string) string {
 	return TargetClaimPrefix + hex.EncodeToString(sum[:20])
 }
 
-// LockGrantName is the name of the LockGrant requesting resource with
-// requestID: the resource name (cut to 200 characters), a dash, and 16 hex
-// digits of SHA-256 over both. The LockGrant webhook admits a LockGrant only
-// under this name, so the API server's name uniqueness makes (resource,
-// requestID) unique atomically — no racy list of the resource's history —
-// and a client whose create response was lost finds its request with a GET.
-func LockGrantName(resource, requestID string) string {
-	sum := sha256.Sum256([]byte(resource + "\x00" + requestID))
+// LockGrantName is the name the client library gives the LockGrant in
+// which owner requests resource with requestID: the resource name (cut to
+// 200 characters), a dash, and 16 lowercase hex digits of SHA-256 over
+// resource, owner and requestID. The owner is in it, so no other owner can
+// take the name before the owner's client does; the API server's name
+// uniqueness makes (resource, owner, requestID) unique atomically, and a
+// client whose create response was lost finds its request with a GET. A name
+// of this form (LockGrantNameForm) is admitted only for its own request. The
+// resource is a DNS name and the webhook refuses a requestID holding NUL, so
+// no two requests hash the same bytes.
+func LockGrantName(resource, owner, requestID string) string {
+	sum := sha256.Sum256([]byte(resource + "\x00" + owner + "\x00" + requestID))
 	name := resource
 	if len(name) > 200 {
 		name = name[:200]
 	}
-	return name + "-" + hex.EncodeToString(sum[:8])
+	return name + "-" + hex.EncodeToString(sum[:lockGrantNameDigits/2])
+}
+
+// lockGrantNameDigits is how many hex digits end a LockGrantName.
+const lockGrantNameDigits = 16
+
+// LockGrantNameForm reports whether name has LockGrantName's form: it ends in
+// a dash and exactly 16 lowercase hex digits. The LockGrant webhook admits
+// such a name only when it is LockGrantName of the LockGrant's own spec;
+// any other name is free for LockGrants written by hand.
+func LockGrantNameForm(name string) bool {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 || len(name)-i-1 != lockGrantNameDigits {
+		return false
+	}
+	for _, c := range name[i+1:] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // PodUIDExtra is the user-info extra in which the API server names the pod a

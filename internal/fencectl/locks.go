@@ -94,8 +94,8 @@ func (o *options) acquireCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "acquire FENCEDRESOURCE",
 		Short: "Request a grant and wait until the issuer hands it over",
-		Long: `acquire creates a LockGrant for the FencedResource, named from the request ID,
-and waits (watching, FIFO behind earlier requests) until it is Held.
+		Long: `acquire creates a LockGrant for the FencedResource, named from the request ID
+and your identity, and waits (watching, FIFO behind earlier requests) until it is Held.
 
 The lease runs on the issuer's clock: renew it with 'kubectl fence renew'
 before it expires, or it ends and the next waiter gets a higher fence.
@@ -125,7 +125,7 @@ Running acquire again with the same --request-id finds the same request.`,
 				// The deadline, or the client's request timeout ending a watch.
 				if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 					return fmt.Errorf("not granted within %s (%s): LockGrant %s is still queued; run the same command with --request-id %s to keep waiting, or 'kubectl fence release %s' to withdraw",
-						limit, limitFlag, locksv1.LockGrantName(args[0], opts.RequestID), opts.RequestID, locksv1.LockGrantName(args[0], opts.RequestID))
+						limit, limitFlag, lc.LockGrantName(args[0], opts.RequestID), opts.RequestID, lc.LockGrantName(args[0], opts.RequestID))
 				}
 				return explainAPI(err, "FencedResource "+args[0])
 			}

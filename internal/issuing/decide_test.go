@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -379,7 +380,7 @@ func withoutTransitionTimes(d Decision) Decision {
 
 // historyEvent: at step 4 an ended grant is deleted (active again until its
 // finalizer goes); at step 6 a new request arrives, with a twin of an ended
-// request's requestID under another name.
+// request (same owner and requestID) under another name.
 func historyEvent(step int, grants []locksv1.LockGrant, now time.Time) []locksv1.LockGrant {
 	switch step {
 	case 4:
@@ -391,7 +392,7 @@ func historyEvent(step int, grants []locksv1.LockGrant, now time.Time) []locksv1
 		}
 	case 6:
 		nw, twin := lg("f", 9*time.Second), lg("g", 9*time.Second)
-		twin.Spec.RequestID = "req-a"
+		twin.Spec.Owner, twin.Spec.RequestID = "owner-a", "req-a"
 		grants = append(grants, nw, twin)
 	}
 	return grants
@@ -427,5 +428,122 @@ func TestDecideDeniesAnUnsignableRequest(t *testing.T) {
 				t.Errorf("the denial does not say which field and why: %s: %s", c.Reason, c.Message)
 			}
 		})
+	}
+}
+
+// A requestID is one request per owner (DESIGN.md: one LockGrant per
+// resource, owner and requestID). LockGrants written by hand may carry any
+// name, so two of one owner can carry one requestID: the one already issued
+// keeps its place, else the first in the queue's FIFO order is served; every
+// other one is Denied naming the one it duplicates, and never holds up the
+// requests behind it. Another owner's requestID is never a duplicate.
+func TestDecideServesOneRequestPerOwnerAndRequestID(t *testing.T) {
+	req := func(name string, created time.Duration, owner, requestID string) locksv1.LockGrant {
+		g := lg(name, created)
+		g.Spec.Owner, g.Spec.RequestID = owner, requestID
+		return g
+	}
+	arrive := func(more ...locksv1.LockGrant) func([]locksv1.LockGrant) []locksv1.LockGrant {
+		return func(gs []locksv1.LockGrant) []locksv1.LockGrant { return append(gs, more...) }
+	}
+	releases := func(name string) func([]locksv1.LockGrant) []locksv1.LockGrant {
+		return func(gs []locksv1.LockGrant) []locksv1.LockGrant {
+			for i := range gs {
+				if gs[i].Name == name {
+					gs[i].Spec.Release = true
+				}
+			}
+			return gs
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		policy func(*locksv1.FencedResource)
+		steps  []func([]locksv1.LockGrant) []locksv1.LockGrant // each followed by one decision
+		want   string
+		dupOf  map[string]string // denied duplicate -> the LockGrant it duplicates
+	}{
+		{name: "another owner's requestID is not a duplicate",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{arrive(req("a", 0, "owner-a", "nightly"), req("b", time.Second, "owner-b", "nightly"))},
+			want:  "a=Held b=Pending"},
+		{name: "both pending in one pass: the first in FIFO order is served, a request behind them still is",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{
+				arrive(req("late", 2*time.Second, "owner-a", "nightly"), req("early", time.Second, "owner-a", "nightly"), req("honest", 3*time.Second, "owner-c", "other")),
+				releases("early")},
+			want: "late=Denied early=Released honest=Held", dupOf: map[string]string{"late": "early"}},
+		{name: "a queued request keeps its place against a twin created in the same second under a smaller name",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{
+				arrive(req("holder", 0, "owner-c", "h"), req("q", time.Second, "owner-a", "nightly")),
+				arrive(req("p", time.Second, "owner-a", "nightly"))},
+			want: "holder=Held q=Pending p=Denied", dupOf: map[string]string{"p": "q"}},
+		{name: "a duplicate arriving while the original holds",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{
+				arrive(req("a", 0, "owner-a", "nightly")),
+				arrive(req("dup", time.Second, "owner-a", "nightly"), req("honest", 2*time.Second, "owner-b", "other"))},
+			want: "a=Held dup=Denied honest=Pending", dupOf: map[string]string{"dup": "a"}},
+		{name: "a duplicate arriving in the pass that releases the original; the queue moves on",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{
+				arrive(req("a", 0, "owner-a", "nightly")),
+				func(gs []locksv1.LockGrant) []locksv1.LockGrant {
+					return arrive(req("dup", time.Second, "owner-a", "nightly"), req("honest", 2*time.Second, "owner-b", "other"))(releases("a")(gs))
+				}},
+			want: "a=Released dup=Denied honest=Held", dupOf: map[string]string{"dup": "a"}},
+		{name: "after the original ended, its requestID makes a new request",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{
+				arrive(req("a", 0, "owner-a", "nightly")), releases("a"),
+				arrive(req("again", time.Second, "owner-a", "nightly"))},
+			want: "a=Released again=Held"},
+		{name: "a withdrawn request does not keep its place",
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{func([]locksv1.LockGrant) []locksv1.LockGrant {
+				withdrawn := req("a", 0, "owner-a", "nightly")
+				withdrawn.Spec.Release = true
+				return []locksv1.LockGrant{withdrawn, req("b", time.Second, "owner-a", "nightly")}
+			}},
+			want: "a=Released b=Held"},
+		{name: "a request its policy denies does not keep its place",
+			policy: func(f *locksv1.FencedResource) { f.Spec.OperationCategories = []string{"settle"} },
+			steps: []func([]locksv1.LockGrant) []locksv1.LockGrant{func([]locksv1.LockGrant) []locksv1.LockGrant {
+				refund, settle := req("a", 0, "owner-a", "nightly"), req("b", time.Second, "owner-a", "nightly")
+				refund.Spec.OperationCategory, settle.Spec.OperationCategory = "refund", "settle"
+				return []locksv1.LockGrant{refund, settle}
+			}},
+			want: "a=Denied b=Held"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := fr(10)
+			if c.policy != nil {
+				c.policy(f)
+			}
+			var grants []locksv1.LockGrant
+			for i, step := range c.steps {
+				grants = step(grants)
+				apply(t, Input{Resource: f, Grants: grants, Now: t0.Add(time.Duration(10+i) * time.Second), Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)})
+			}
+			if got := phases(grants); got != c.want {
+				t.Fatalf("got %s, want %s", got, c.want)
+			}
+			checkDuplicates(t, grants, f.Status.Queue, c.dupOf)
+		})
+	}
+}
+
+// checkDuplicates: exactly the LockGrants in dupOf are denied as duplicates,
+// each naming its original, and none of them is queued.
+func checkDuplicates(t *testing.T, grants []locksv1.LockGrant, queue []locksv1.QueuedGrant, dupOf map[string]string) {
+	t.Helper()
+	for _, g := range grants {
+		cond := meta.FindStatusCondition(g.Status.Conditions, locksv1.ConditionIssued)
+		orig, dup := dupOf[g.Name]
+		switch {
+		case dup && (cond == nil || cond.Reason != locksv1.ReasonDuplicateRequest || !strings.Contains(cond.Message, "LockGrant "+orig+" ")):
+			t.Errorf("%s: condition %+v, want %s naming LockGrant %s", g.Name, cond, locksv1.ReasonDuplicateRequest, orig)
+		case !dup && cond != nil && cond.Reason == locksv1.ReasonDuplicateRequest:
+			t.Errorf("%s denied as a duplicate: %s", g.Name, cond.Message)
+		}
+	}
+	for _, q := range queue {
+		if _, dup := dupOf[q.GrantName]; dup {
+			t.Errorf("duplicate %s queued: %+v", q.GrantName, queue)
+		}
 	}
 }

@@ -6,7 +6,7 @@
 //
 // Decide runs named steps in order, each a small function with its own test:
 //
-//  1. servedRequests: one LockGrant per requestID is served.
+//  1. servedRequests: one LockGrant per owner and requestID is served.
 //  2. adoptEpoch: a newer issuer epoch takes over and extends held leases.
 //  3. settleHolder: the holder renews, or its grant ends (Ending says why).
 //  4. rebuildQueue: drop requests that can no longer be served, append arrivals FIFO
@@ -111,7 +111,7 @@ type Decision struct {
 type view struct {
 	in     *Input
 	byName map[string]*locksv1.LockGrant
-	served map[string]string // requestID -> the LockGrant served for it
+	served map[requestKey]string // owner and requestID -> the LockGrant served for them
 	st     locksv1.FencedResourceStatus
 	lease  time.Duration
 	// endedAt is when the holder's grant ended, when settleHolder ended it.
@@ -132,7 +132,7 @@ func Decide(in Input) (Decision, error) {
 	for i := range in.Grants {
 		v.byName[in.Grants[i].Name] = &in.Grants[i]
 	}
-	v.served = servedRequests(fr, in.Grants)
+	v.served = servedRequests(&in)
 	var d Decision
 	if fr.Status.IssuerEpoch > in.Epoch {
 		d.Superseded = true

@@ -7,35 +7,99 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// servedRequests picks the one LockGrant served per requestID: one that was
-// granted already, otherwise the earliest (the webhook's uniqueness check can
-// race with a twin create). It returns requestID -> LockGrant name.
-func servedRequests(fr *locksv1.FencedResource, grants []locksv1.LockGrant) map[string]string {
-	served := map[string]string{}
-	chosen := map[string]*locksv1.LockGrant{}
-	for i := range grants {
-		lg := &grants[i]
-		cur, ok := chosen[lg.Spec.RequestID]
-		switch {
-		case !ok:
-		case granted(&fr.Status, cur) != granted(&fr.Status, lg):
-			if !granted(&fr.Status, lg) {
-				continue
-			}
-		case !arrivedBefore(lg, cur):
+// requestKey is what makes a LockGrant one request within its resource:
+// its owner and requestID. Another owner's requestID is another request.
+type requestKey struct{ owner, requestID string }
+
+func keyOf(lg *locksv1.LockGrant) requestKey {
+	return requestKey{lg.Spec.Owner, lg.Spec.RequestID}
+}
+
+// servedRequests picks the one LockGrant served per owner and requestID
+// among those that contend for it: the one granted already, else the first
+// in the queue's FIFO order (servedBefore). Names in the client library's
+// form are unique per request at admission; LockGrants written by hand may
+// carry any name, so two of one owner can share a requestID.
+func servedRequests(in *Input) map[requestKey]string {
+	st := &in.Resource.Status
+	chosen := map[requestKey]*locksv1.LockGrant{}
+	for i := range in.Grants {
+		lg := &in.Grants[i]
+		if !contends(in.Resource, lg) {
 			continue
 		}
-		chosen[lg.Spec.RequestID] = lg
-		served[lg.Spec.RequestID] = lg.Name
+		if cur, ok := chosen[keyOf(lg)]; !ok || servedBefore(in, st, lg, cur) {
+			chosen[keyOf(lg)] = lg
+		}
+	}
+	served := make(map[requestKey]string, len(chosen))
+	for k, lg := range chosen {
+		served[k] = lg.Name
 	}
 	return served
 }
 
-// denial returns why a waiting request can never be served, or "".
-func denial(fr *locksv1.FencedResource, lg *locksv1.LockGrant, served map[string]string) (string, string) {
-	if n := served[lg.Spec.RequestID]; n != lg.Name {
-		return locksv1.ReasonDuplicateRequest, fmt.Sprintf("LockGrant %s already carries requestID %q for this resource", n, lg.Spec.RequestID)
+// contends reports whether lg can take its request's place: it was granted,
+// or it can still be queued. An ended LockGrant changes no decision (Active),
+// and one that is leaving, withdrawn or refused by the policy leaves the
+// place to its twin: it is settled by its own reason, not as a duplicate.
+func contends(fr *locksv1.FencedResource, lg *locksv1.LockGrant) bool {
+	switch {
+	case !Active(lg):
+		return false
+	case granted(&fr.Status, lg):
+		return true
+	case lg.DeletionTimestamp != nil || lg.Spec.Release:
+		return false
 	}
+	reason, _ := ownDenial(fr, lg)
+	return reason == ""
+}
+
+// servedBefore orders two LockGrants of one request as the queue would
+// serve them: a granted one first, then by place in the committed registry
+// queue, then as rebuildQueue appends arrivals (first seen, then creation).
+func servedBefore(in *Input, st *locksv1.FencedResourceStatus, a, b *locksv1.LockGrant) bool {
+	if ga, gb := granted(st, a), granted(st, b); ga != gb {
+		return ga
+	}
+	if qa, qb := queuePlace(st.Queue, a), queuePlace(st.Queue, b); qa != qb {
+		return qa < qb
+	}
+	if sa, sb := in.Seen.firstSeen(a, in.SeenNow), in.Seen.firstSeen(b, in.SeenNow); !sa.Equal(sb) {
+		return sa.Before(sb)
+	}
+	return arrivedBefore(a, b)
+}
+
+// queuePlace is lg's index in the registry queue (as rebuildQueue keeps
+// entries: by name, under its UID when one is recorded), or the queue's
+// length when it is not queued.
+func queuePlace(queue []locksv1.QueuedGrant, lg *locksv1.LockGrant) int {
+	i := slices.IndexFunc(queue, func(q locksv1.QueuedGrant) bool {
+		return q.GrantName == lg.Name && (q.GrantUID == "" || q.GrantUID == string(lg.UID))
+	})
+	if i < 0 {
+		return len(queue)
+	}
+	return i
+}
+
+// denial returns why a waiting request can never be served, or "": its own
+// reason first, else that another LockGrant is served for its request.
+func denial(fr *locksv1.FencedResource, lg *locksv1.LockGrant, served map[requestKey]string) (string, string) {
+	if reason, msg := ownDenial(fr, lg); reason != "" {
+		return reason, msg
+	}
+	if n, ok := served[keyOf(lg)]; ok && n != lg.Name {
+		return locksv1.ReasonDuplicateRequest, fmt.Sprintf("LockGrant %s already carries requestID %q of owner %q for this resource: one LockGrant per resource, owner and requestID",
+			n, lg.Spec.RequestID, lg.Spec.Owner)
+	}
+	return "", ""
+}
+
+// ownDenial returns why lg itself can never be served, or "".
+func ownDenial(fr *locksv1.FencedResource, lg *locksv1.LockGrant) (string, string) {
 	if err := locksv1.UnsignableRequest(lg.Spec); err != nil {
 		// Denied, not queued: its signing would fail the whole decision.
 		return locksv1.ReasonUnsignable, fmt.Sprintf("no grant can be signed for this request: %v", err)

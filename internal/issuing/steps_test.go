@@ -6,6 +6,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
@@ -18,31 +19,70 @@ func newView(t *testing.T, in *Input) *view {
 	for i := range in.Grants {
 		v.byName[in.Grants[i].Name] = &in.Grants[i]
 	}
-	v.served = servedRequests(in.Resource, in.Grants)
+	v.served = servedRequests(in)
 	return v
 }
 
 func TestServedRequests(t *testing.T) {
 	twin := func(name string, created time.Duration, granted bool) locksv1.LockGrant {
 		g := lg(name, created)
-		g.Spec.RequestID = "same"
+		g.Spec.Owner, g.Spec.RequestID = "owner", "same"
 		if granted {
 			g.Status.Grant = &locksv1.GrantDocument{FenceToken: 1}
 		}
 		return g
 	}
+	queued := func(names ...string) func(*Input) {
+		return func(in *Input) {
+			for _, n := range names {
+				in.Resource.Status.Queue = append(in.Resource.Status.Queue, locksv1.QueuedGrant{GrantName: n, GrantUID: "uid-" + n})
+			}
+		}
+	}
+	seen := func(name string, at time.Duration) func(*Input) {
+		return func(in *Input) {
+			in.SeenNow = t0.Add(time.Minute)
+			in.Seen.FirstSeen = map[types.UID]time.Time{types.UID("uid-" + name): t0.Add(at)}
+		}
+	}
+	ended := func(g locksv1.LockGrant) locksv1.LockGrant {
+		g.Status.Phase = locksv1.PhaseReleased
+		return g
+	}
+	withdrawn := func(g locksv1.LockGrant) locksv1.LockGrant {
+		g.Spec.Release = true
+		return g
+	}
 	for _, c := range []struct {
 		name   string
 		grants []locksv1.LockGrant
-		want   string
+		input  func(*Input)
+		want   string // "" when none is served
 	}{
-		{"the earliest of two twins", []locksv1.LockGrant{twin("b", 2*time.Second, false), twin("a", time.Second, false)}, "a"},
-		{"the granted one, even if later", []locksv1.LockGrant{twin("a", time.Second, false), twin("b", 2*time.Second, true)}, "b"},
-		{"same creation time: by name", []locksv1.LockGrant{twin("y", time.Second, false), twin("x", time.Second, false)}, "x"},
+		{"the earliest of two twins", []locksv1.LockGrant{twin("b", 2*time.Second, false), twin("a", time.Second, false)}, nil, "a"},
+		{"the granted one, even if later", []locksv1.LockGrant{twin("a", time.Second, false), twin("b", 2*time.Second, true)}, nil, "b"},
+		{"same creation time: by name", []locksv1.LockGrant{twin("y", time.Second, false), twin("x", time.Second, false)}, nil, "x"},
+		{"the queued one, even if created later", []locksv1.LockGrant{twin("a", time.Second, false), twin("b", 2*time.Second, false)}, queued("b"), "b"},
+		{"by place in the queue", []locksv1.LockGrant{twin("a", time.Second, false), twin("b", 2*time.Second, false)}, queued("b", "a"), "b"},
+		{"the one seen first, when neither is queued", []locksv1.LockGrant{twin("a", time.Second, false), twin("b", 2*time.Second, false)}, seen("b", 0), "b"},
+		{"an ended LockGrant changes nothing", []locksv1.LockGrant{ended(twin("a", time.Second, true)), twin("b", 2*time.Second, false)}, nil, "b"},
+		{"a withdrawn request leaves its place", []locksv1.LockGrant{withdrawn(twin("a", time.Second, false)), twin("b", 2*time.Second, false)}, nil, "b"},
+		{"nobody contends", []locksv1.LockGrant{withdrawn(twin("a", time.Second, false))}, nil, ""},
 	} {
-		if got := servedRequests(fr(10), c.grants)["same"]; got != c.want {
+		in := &Input{Resource: fr(10), Grants: c.grants}
+		if c.input != nil {
+			c.input(in)
+		}
+		if got := servedRequests(in)[requestKey{"owner", "same"}]; got != c.want {
 			t.Errorf("%s: served %q, want %q", c.name, got, c.want)
 		}
+	}
+	// Another owner's requestID is another request.
+	a, b := lg("a", 0), lg("b", time.Second)
+	a.Spec.RequestID, b.Spec.RequestID = "same", "same"
+	served := servedRequests(&Input{Resource: fr(10), Grants: []locksv1.LockGrant{a, b}})
+	if served[keyOf(&a)] != "a" || served[keyOf(&b)] != "b" {
+		t.Errorf("two owners' requests: served %v", served)
 	}
 }
 

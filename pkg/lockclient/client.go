@@ -74,6 +74,13 @@ func (c *Client) leaseFor(o AcquireOptions) (string, error) {
 	return "lease-" + o.RequestID, nil
 }
 
+// LockGrantName is the name of the LockGrant in which this client requests
+// resource with requestID (locksv1.LockGrantName with its identity as owner):
+// Acquire creates it, and finds it again after a lost response.
+func (c *Client) LockGrantName(resource, requestID string) string {
+	return locksv1.LockGrantName(resource, c.identity, requestID)
+}
+
 // NewRequestID returns a random request ID. Persist it before acquiring if a
 // restarted worker must find its request again.
 func NewRequestID() string {

@@ -20,7 +20,9 @@ var (
 	ErrReleased = errors.New("lockclient: grant released")
 	// ErrDenied: the issuer will never serve the request (policy, duplicate requestID).
 	ErrDenied = errors.New("lockclient: request denied")
-	// ErrRequestIDTaken: the deterministic LockGrant name belongs to another request.
+	// ErrRequestIDTaken: the LockGrant under this request's name is another
+	// request of the same owner (one written by hand with another lease,
+	// root or category, or an earlier Acquire with other options).
 	ErrRequestIDTaken = errors.New("lockclient: requestID is taken by another LockGrant")
 	// ErrMutationUnknown: a write's outcome could not be determined from the receipts;
 	// the FencedResource's target needs reconciliation by a human or a domain process.

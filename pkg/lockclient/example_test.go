@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -83,7 +82,7 @@ func ExampleClient_Attach() {
 	first.Orphan() // the worker crashes here; its grant is still held
 
 	restarted, _ := lockclient.NewForConfig(ctx, cfg, "billing")
-	lock, err := restarted.Attach(ctx, locksv1.LockGrantName("report", "report-42"), lockclient.AcquireOptions{})
+	lock, err := restarted.Attach(ctx, restarted.LockGrantName("report", "report-42"), lockclient.AcquireOptions{})
 	if err != nil {
 		panic(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,7 +89,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	if o.OperationRoot == "" {
 		o.OperationRoot = OperationRoot(resource + "/" + o.RequestID)
 	}
-	l := &Lock{c: c, key: types.NamespacedName{Namespace: c.namespace, Name: locksv1.LockGrantName(resource, o.RequestID)},
+	l := &Lock{c: c, key: types.NamespacedName{Namespace: c.namespace, Name: c.LockGrantName(resource, o.RequestID)},
 		resource: resource, opts: o, state: StateRequested, done: make(chan struct{})}
 	l.notify(StateRequested)
 	if err := l.createOrRecover(ctx); err != nil {
@@ -185,8 +186,7 @@ func (l *Lock) hold(lg *locksv1.LockGrant) {
 func (l *Lock) createOrRecover(ctx context.Context) error {
 	want := &locksv1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name, Finalizers: []string{locksv1.GrantFinalizer}},
-		Spec: locksv1.LockGrantSpec{Resource: l.resource, Owner: l.c.identity, RequestID: l.opts.RequestID,
-			Lease: l.opts.Lease, OperationRoot: l.opts.OperationRoot, OperationCategory: l.opts.OperationCategory},
+		Spec:       l.spec(),
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
@@ -216,17 +216,44 @@ func (l *Lock) createOrRecover(ctx context.Context) error {
 	return fmt.Errorf("create LockGrant %s: no answer from the API server: %w", l.key.Name, lastErr)
 }
 
-// checkMine reads the LockGrant and checks it is this request's.
+// checkMine reads the LockGrant and checks it is this request's: the spec
+// this client would have created. The webhook admits a name of the library's
+// form only for its own resource, owner and requestID, so another owner can
+// never hold it; a LockGrant of this owner written by hand under this name
+// with another lease, root or category is another request all the same.
 func (l *Lock) checkMine(ctx context.Context) error {
 	var lg locksv1.LockGrant
 	if err := l.c.kube.Get(ctx, l.key, &lg); err != nil {
 		return err
 	}
-	if lg.Spec.RequestID != l.opts.RequestID || lg.Spec.Owner != l.c.identity || lg.Spec.Resource != l.resource {
-		return fmt.Errorf("%w: %s belongs to owner %q, requestID %q", ErrRequestIDTaken, l.key.Name, lg.Spec.Owner, lg.Spec.RequestID)
+	if diff := specDiff(lg.Spec, l.spec()); diff != "" {
+		return fmt.Errorf("%w: LockGrant %s (owner %q, requestID %q) is another request: %s; use another requestID",
+			ErrRequestIDTaken, l.key.Name, lg.Spec.Owner, lg.Spec.RequestID, diff)
 	}
 	l.requested = lg.DeepCopy()
 	return nil
+}
+
+// spec is the LockGrant spec this request creates.
+func (l *Lock) spec() locksv1.LockGrantSpec {
+	return locksv1.LockGrantSpec{Resource: l.resource, Owner: l.c.identity, RequestID: l.opts.RequestID,
+		Lease: l.opts.Lease, OperationRoot: l.opts.OperationRoot, OperationCategory: l.opts.OperationCategory}
+}
+
+// specDiff names the request fields in which stored differs from want ("" when none).
+func specDiff(stored, want locksv1.LockGrantSpec) string {
+	var out []string
+	for _, f := range []struct{ name, stored, want string }{
+		{"resource", stored.Resource, want.Resource}, {"owner", stored.Owner, want.Owner},
+		{"requestID", stored.RequestID, want.RequestID}, {"lease", stored.Lease, want.Lease},
+		{"operationRoot", stored.OperationRoot, want.OperationRoot},
+		{"operationCategory", stored.OperationCategory, want.OperationCategory},
+	} {
+		if f.stored != f.want {
+			out = append(out, fmt.Sprintf("spec.%s is %q, not %q", f.name, f.stored, f.want))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // waitHeld waits until the issuer decides the request. It follows the

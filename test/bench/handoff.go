@@ -147,7 +147,7 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, ph *phas
 			l, err := next.c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: reqID})
 			ch <- acquired{l, time.Now(), err}
 		}()
-		if _, err := ph.wait(ctx, locksv1.LockGrantName(resource, reqID), locksv1.PhasePending); err != nil {
+		if _, err := ph.wait(ctx, next.c.LockGrantName(resource, reqID), locksv1.PhasePending); err != nil {
 			return nil, err
 		}
 		select {
@@ -558,7 +558,7 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 			l, err := next.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: reqID})
 			ch <- acquired{l, time.Now(), err}
 		}()
-		first, err := ph.wait(ctx, locksv1.LockGrantName(resource, reqID), locksv1.PhasePending, locksv1.PhaseHeld)
+		first, err := ph.wait(ctx, next.LockGrantName(resource, reqID), locksv1.PhasePending, locksv1.PhaseHeld)
 		if err != nil {
 			return err
 		}

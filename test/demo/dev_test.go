@@ -80,7 +80,7 @@ func TestDev(t *testing.T) {
 	// The sample's FencedResource does not exist here: the LockGrant webhook
 	// refuses it with a field error (422) that kubectl shows by path.
 	out, err := kubectl("create", "-f", filepath.Join(root, "config/samples/lockgrant.yaml"), "--dry-run=server")
-	if err == nil || !strings.Contains(out, `The LockGrant "invoice-batch-2026-07-19-d49046923f3d24ae" is invalid: spec.resource: Invalid value`) {
+	if err == nil || !strings.Contains(out, `The LockGrant "invoice-batch-2026-07-19-req-1" is invalid: spec.resource: Invalid value`) {
 		t.Fatalf("the LockGrant webhook did not judge the sample: err %v\n%s", err, out)
 	}
 

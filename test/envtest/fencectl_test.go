@@ -107,7 +107,7 @@ var _ = Describe("kubectl fence", func() {
 		Expect(ga.Phase).To(Equal(locksv1.PhaseHeld))
 		Expect(ga.Owner).To(Equal("worker-a"))
 		Expect(ga.FenceToken).To(BeEquivalentTo(1))
-		Expect(ga.Name).To(Equal(locksv1.LockGrantName("batch", "a1")))
+		Expect(ga.Name).To(Equal(locksv1.LockGrantName("batch", "worker-a", "a1")))
 
 		// Acquiring the same request again finds the same grant.
 		r := kubectlFence(a, "acquire", "batch", "-n", ns, "--request-id", "a1")

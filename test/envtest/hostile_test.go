@@ -29,7 +29,7 @@ var _ = Describe("hostile input: field sizes in bytes", func() {
 	}{
 		{"requestID", func(lg *locksv1.LockGrant) {
 			lg.Spec.RequestID = long
-			lg.Name = locksv1.LockGrantName("batch", long)
+			lg.Name = locksv1.LockGrantName("batch", "worker-a", long)
 		}},
 		{"lease", func(lg *locksv1.LockGrant) { lg.Spec.Lease = long }},
 		{"operationCategory", func(lg *locksv1.LockGrant) { lg.Spec.OperationCategory = long }},

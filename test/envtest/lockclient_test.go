@@ -218,7 +218,7 @@ var _ = Describe("the worker client", func() {
 		var list locksv1.LockGrantList
 		Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
 		Expect(list.Items).To(HaveLen(1))
-		Expect(list.Items[0].Name).To(Equal(locksv1.LockGrantName("batch", "job-1")))
+		Expect(list.Items[0].Name).To(Equal(locksv1.LockGrantName("batch", "worker-a", "job-1")))
 		Expect(log.all()[:2]).To(Equal([]lockclient.State{lockclient.StateRequested, lockclient.StateHeld}))
 	})
 

@@ -44,7 +44,7 @@ var _ = Describe("the lock registry", func() {
 		}
 		// Acquiring and releasing is routine: no Events (they are for what
 		// an on-call person acts on; the first grant's would have landed by now).
-		Expect(eventReasons(ns, locksv1.LockGrantName("batch", "r1"))).To(BeEmpty())
+		Expect(eventReasons(ns, locksv1.LockGrantName("batch", "worker-a", "r1"))).To(BeEmpty())
 	})
 
 	It("hands off FIFO to three waiters in arrival order", func() {
@@ -175,29 +175,34 @@ var _ = Describe("the lock registry", func() {
 		retry := newGrant(ns, "batch", "worker-a", "idem-1")
 		Expect(apierrors.IsAlreadyExists(lossy.Create(suiteCtx, retry))).To(BeTrue())
 		held := waitPhase(retry, locksv1.PhaseHeld)
-		// A second identity for the same requestID is refused: a LockGrant
-		// has the one name of its request, which the API server keeps unique.
-		other := newGrant(ns, "batch", "worker-a", "idem-1")
-		other.Name = "batch-idem-1-second"
-		Expect(lossy.Create(suiteCtx, other)).To(invalidAt("metadata.name", fmt.Sprintf("must be %q", retry.Name)))
-		// Two at once, under other names, cannot both slip in between a
-		// check and a write: neither is the request's name.
-		errs := make(chan error, 2)
-		for _, name := range []string{"batch-idem-1-race-a", "batch-idem-1-race-b"} {
+		// A name of the library's form is only ever its own request's.
+		formed := newGrant(ns, "batch", "worker-a", "idem-1")
+		formed.Name = locksv1.LockGrantName("batch", "worker-a", "idem-2")
+		Expect(lossy.Create(suiteCtx, formed)).To(invalidAt("metadata.name", fmt.Sprintf("must be %q", retry.Name)))
+		// Under names written by hand, twins of the request are admitted, even
+		// two at once, and the issuer denies them: the held one keeps its place.
+		errs := make(chan error, 3)
+		var twins []*locksv1.LockGrant
+		for _, name := range []string{"batch-idem-1-second", "batch-idem-1-race-a", "batch-idem-1-race-b"} {
+			twin := newGrant(ns, "batch", "worker-a", "idem-1")
+			twin.Name = name
+			twins = append(twins, twin)
 			go func() {
 				defer GinkgoRecover()
-				racer := newGrant(ns, "batch", "worker-a", "idem-1")
-				racer.Name = name
-				errs <- lossy.Create(suiteCtx, racer)
+				errs <- lossy.Create(suiteCtx, twin.DeepCopy())
 			}()
 		}
-		for range 2 {
-			Expect(<-errs).To(invalidAt("metadata.name", "must be"))
+		for range twins {
+			Expect(<-errs).To(Succeed())
 		}
+		for _, twin := range twins {
+			deniedAsDuplicate(twin, retry.Name)
+		}
+		stays(retry, locksv1.PhaseHeld)
 		var list locksv1.LockGrantList
 		Expect(admin.List(suiteCtx, &list, client.InNamespace(ns))).To(Succeed())
-		Expect(list.Items).To(HaveLen(1))
-		Expect(list.Items[0].UID).To(Equal(held.UID))
+		Expect(list.Items).To(HaveLen(4))
+		Expect(getFR(ns, "batch").Status.Holder.GrantUID).To(BeEquivalentTo(held.UID))
 		Expect(held.Status.Grant.FenceToken).To(Equal(int64(1)))
 	})
 

@@ -132,7 +132,7 @@ func (r *registry) serve(req *request) *reply {
 	rp := &reply{req: req}
 	switch req.kind {
 	case reqCreateGrant:
-		name := locksv1.LockGrantName(req.spec.Resource, req.spec.RequestID)
+		name := locksv1.LockGrantName(req.spec.Resource, req.spec.Owner, req.spec.RequestID)
 		if r.find(name) != nil {
 			rp.status = replyAlreadyExists
 			break

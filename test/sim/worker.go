@@ -228,7 +228,7 @@ func (k *worker) acquire() {
 	k.attempt++
 	rid := fmt.Sprintf("%s-r%d", k.name, k.attempt)
 	k.lock = &clientLock{state: lockclient.StateRequested, requestID: rid, lease: grant.PodLease(k.pod), rewriteFault: faultNone,
-		root: lockclient.OperationRoot(resourceName + "/" + rid), grantName: locksv1.LockGrantName(resourceName, rid)}
+		root: lockclient.OperationRoot(resourceName + "/" + rid), grantName: locksv1.LockGrantName(resourceName, k.user, rid)}
 	k.retries = 0
 	k.w.tracef("%s: REQUESTED (requestID %s)", k.name, rid)
 	k.createGrant()
