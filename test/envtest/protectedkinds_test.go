@@ -302,19 +302,30 @@ func hasKindRule(rules []admissionregistrationv1.RuleWithOperations, k schema.Gr
 // aggregateClusterRoles does what kube-controller-manager's
 // clusterrole-aggregation controller does (envtest runs no controller
 // manager): it sets the rules of the aggregated ClusterRole name to the union
-// of the rules of the ClusterRoles its aggregationRule selects.
-func aggregateClusterRoles(name string) {
+// of the rules of the ClusterRoles its aggregationRule selects, those
+// aggregated themselves first (the built-in edit aggregates view).
+func aggregateClusterRoles(name string) *rbacv1.ClusterRole {
 	GinkgoHelper()
-	Expect(update(admin, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(agg *rbacv1.ClusterRole) {
+	agg := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	Expect(update(admin, agg, func(agg *rbacv1.ClusterRole) {
 		agg.Rules = nil
 		for _, sel := range agg.AggregationRule.ClusterRoleSelectors {
+			selector, err := metav1.LabelSelectorAsSelector(&sel)
+			Expect(err).NotTo(HaveOccurred())
 			var roles rbacv1.ClusterRoleList
-			Expect(admin.List(suiteCtx, &roles, client.MatchingLabels(sel.MatchLabels))).To(Succeed())
+			Expect(admin.List(suiteCtx, &roles, client.MatchingLabelsSelector{Selector: selector})).To(Succeed())
 			for _, r := range roles.Items {
-				agg.Rules = append(agg.Rules, r.Rules...)
+				switch {
+				case r.Name == name:
+				case r.AggregationRule != nil:
+					agg.Rules = append(agg.Rules, aggregateClusterRoles(r.Name).Rules...)
+				default:
+					agg.Rules = append(agg.Rules, r.Rules...)
+				}
 			}
 		}
 	})).To(Succeed())
+	return agg
 }
 
 // clusterUserWithRole adds a user bound to a ClusterRole (named like the user) with rules.
