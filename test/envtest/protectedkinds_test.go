@@ -87,18 +87,10 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		if stopGuard != nil {
 			stopGuard()
 		}
-		// Leave the suite as it was: the guard's policy off (see anchors_test.go),
-		// the webhook rules as the suite installed them, the roles gone.
-		for _, obj := range append(created,
-			&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
-			&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}}) {
+		restoreSuiteAdmission(installed)
+		for _, obj := range created {
 			Expect(client.IgnoreNotFound(admin.Delete(suiteCtx, obj))).To(Succeed())
 		}
-		Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: installed.ObjectMeta},
-			func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
-				c.Webhooks = installed.Webhooks
-				delete(c.Annotations, locksv1.AnnotationProtectedKinds)
-			})).To(Succeed())
 	})
 
 	It("cannot grant itself read access: the installer's aggregated ClusterRole does", func() {
@@ -285,6 +277,19 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		Expect(gaps).To(HaveKeyWithValue("Widget/w", BeEmpty()))
 	})
 })
+
+// restoreSuiteAdmission leaves the suite as it was after specs that ran the
+// guard with other kinds declared: the guard's policy off (see
+// anchors_test.go) and the webhook rules as the suite installed them.
+func restoreSuiteAdmission(installed *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	GinkgoHelper()
+	removeTrustAnchorPolicy(admin)
+	Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: installed.ObjectMeta},
+		func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks = installed.Webhooks
+			delete(c.Annotations, locksv1.AnnotationProtectedKinds)
+		})).To(Succeed())
+}
 
 // hasKindRule says whether rules hold the declared-kind rule of k (the API
 // server adds scope: "*" to what the operator writes).
