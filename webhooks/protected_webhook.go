@@ -154,9 +154,7 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 			return admission.Errored(http.StatusBadRequest, err)
 		}
 	case "status":
-		// Only a kind with a status subresource has one, and the API server
-		// keeps everything but status as stored: no business content changes.
-		d = fence.Decision{Verdict: fence.Unchanged, Message: "UNCHANGED: the status subresource carries no business content", State: st}
+		d = decideStatus(r.oldObj, r.newObj, fr, st)
 	default:
 		d = fence.Decision{Verdict: fence.FenceRequired, State: st, Message: fmt.Sprintf(
 			"FENCE_REQUIRED: the %s subresource changes the content of a protected object and cannot carry a %s annotation; write the object itself with a fenced segment",
@@ -322,6 +320,44 @@ func decideObject(r *request, fr *locksv1.FencedResource, st fence.State, reg fe
 	return d, nil
 }
 
+// decideStatus decides a write of a target's status subresource. The API
+// server keeps the stored spec, but what else it keeps is each kind's status
+// strategy's: a custom resource's keeps all of metadata, apps/v1 Deployment's
+// keeps the labels and takes the request's annotations. A status write
+// carries no fence, so it may change none of fencekeeper's own marks:
+// dropping the protection is PROTECTION_REMOVED, any other change of them
+// FENCE_REQUIRED. Status alone carries no business content.
+func decideStatus(oldObj, newObj *unstructured.Unstructured, fr *locksv1.FencedResource, st fence.State) fence.Decision {
+	changes := changedMarks(oldObj, newObj)
+	if len(changes) == 0 {
+		return fence.Decision{Verdict: fence.Unchanged, Message: "UNCHANGED: the status subresource carries no business content", State: st}
+	}
+	if missing := protectionRemoved(newObj, fr); missing != "" && protectionRemoved(oldObj, fr) == "" {
+		return fence.Decision{Verdict: fence.ProtectionRemoved, State: st, Message: "PROTECTION_REMOVED: " + missing + " (a write of the status subresource dropped it)"}
+	}
+	return fence.Decision{Verdict: fence.FenceRequired, State: st, Message: fmt.Sprintf(
+		"FENCE_REQUIRED: a write of the status subresource of %s %s changes %s, which only a fenced write of the object itself may change",
+		newObj.GetKind(), newObj.GetName(), strings.Join(changes, ", "))}
+}
+
+// changedMarks names fencekeeper's own label and annotations that differ
+// between the stored and the written object, in a fixed order.
+func changedMarks(oldObj, newObj *unstructured.Unstructured) []string {
+	var out []string
+	diff := func(what, key string, before, after map[string]string) {
+		b, had := before[key]
+		a, has := after[key]
+		if a != b || had != has {
+			out = append(out, what+" "+key)
+		}
+	}
+	diff("the label", fence.LabelProtected, oldObj.GetLabels(), newObj.GetLabels())
+	for _, k := range []string{fence.AnnotationResource, fence.AnnotationFence, fence.AnnotationReceipts} {
+		diff("the annotation", k, oldObj.GetAnnotations(), newObj.GetAnnotations())
+	}
+	return out
+}
+
 // protectionRemoved says what a target's new state lacks: the protected label
 // and the annotation naming its entry route writes and tell readers the object
 // is fenced, so no write may drop them while the entry exists.
@@ -463,9 +499,11 @@ func denied(d fence.Decision) admission.Response {
 
 // fenceStateChange says how a write changes the fence and receipt
 // annotations: writes adds or changes one (to a non-empty value); changes
-// also counts removing one.
+// also counts removing one. A status write carries the whole object, whose
+// annotations some kinds store (apps/v1 Deployment); other subresources'
+// objects (a Scale) are not the target's.
 func fenceStateChange(r *request) (writes, changes bool) {
-	if r.newObj == nil || r.SubResource != "" {
+	if r.newObj == nil || (r.SubResource != "" && r.SubResource != "status") {
 		return false, false
 	}
 	var before map[string]string

@@ -31,6 +31,18 @@ const (
 	// It is not a trust anchor: requesting a rotation never changes trust;
 	// only the operator acts on it, through the anchors.
 	KeyRotationConfigMap = "fencekeeper-key-rotation"
+	// SelfSignedCertSecret holds the webhook serving certificate and its CA
+	// when the operator manages them (--self-signed-certs): the replicas
+	// serve it and the caBundle of the webhook configuration is its CA.
+	SelfSignedCertSecret = "fencekeeper-webhook-self-signed-cert"
+	// CertManagerCertSecret is where cert-manager writes the webhook serving
+	// certificate in the installations that use it (config/certmanager, the
+	// chart's default); cert-manager's cainjector puts its CA into the
+	// webhook configuration.
+	CertManagerCertSecret = "webhook-server-cert"
+	// CertManagerUsername is the user cert-manager's controller writes
+	// certificates as, in a default cert-manager installation.
+	CertManagerUsername = "system:serviceaccount:cert-manager:cert-manager"
 	// VerifierLeasePrefix starts the name of the Lease each webhook replica
 	// renews in the operator namespace, reporting the trust bundle it has
 	// loaded (AnnotationVerifierKeys, AnnotationVerifierRevokedBelow).

@@ -16,10 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
 // DefaultSecretName is the Secret the replicas share in the operator namespace.
-const DefaultSecretName = "fencekeeper-webhook-self-signed-cert"
+const DefaultSecretName = locksv1.SelfSignedCertSecret
 
 // The rotator reads and writes its one Secret by name; creating it cannot be
 // limited by name in RBAC (the name is not known to the authorizer on create).

@@ -114,7 +114,10 @@ func (o *options) keysRotateCmd() *cobra.Command {
 		Long: `rotate asks the fencekeeper operator to rotate its signing key. Only the
 operator's identity may change the trust bundle; this command writes a
 request into the ConfigMap ` + locksv1.KeyRotationConfigMap + ` and the
-operator carries it out step by step:
+operator carries it out step by step. Asking needs, besides writing that
+ConfigMap, the verb rotate on trustanchors.locks.fencekeeper.dev named
+` + locksv1.KeyRotationConfigMap + ` in the operator namespace (the admission
+policy there checks it):
 
   1. add-key                   new key generated, public key added to the bundle
   2. verifiers-trust-new-key   every live webhook replica reports the new key

@@ -86,6 +86,12 @@ type GuardOptions struct {
 	// the protected entries' rules are the built-in ConfigMaps rules plus one
 	// rule per kind, and nothing else.
 	ProtectedKinds []schema.GroupVersionResource
+	// CertSecret is the Secret of the operator's own webhook certificate
+	// (--webhook-cert-secret; empty: locksv1.SelfSignedCertSecret).
+	CertSecret string
+	// CertManagerUsername is the user cert-manager writes
+	// locksv1.CertManagerCertSecret as; empty: only the operator may.
+	CertManagerUsername string
 }
 
 // AdmissionGuard keeps the admission machinery that protects fencekeeper as
@@ -157,7 +163,9 @@ func (g *AdmissionGuard) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	policy, binding := TrustAnchorPolicy(g.opts.Namespace, user)
+	policy, binding := TrustAnchorPolicy(AnchorScope{
+		Namespace: g.opts.Namespace, Operator: user, CertSecret: g.opts.CertSecret, CertManager: g.opts.CertManagerUsername,
+	})
 	if err := g.ensurePolicy(ctx, policy); err != nil {
 		return ctrl.Result{}, err
 	}

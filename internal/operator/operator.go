@@ -62,6 +62,10 @@ type Options struct {
 	CertSyncInterval time.Duration
 	// CertPolicy overrides certs.DefaultPolicy (tests use short validities).
 	CertPolicy *certs.Policy
+	// CertManagerUsername is the user cert-manager writes the webhook
+	// certificate Secret locksv1.CertManagerCertSecret as, which the
+	// operator-namespace policy lets do so; empty: only the operator may.
+	CertManagerUsername string
 	// MaxConcurrentReconciles: FencedResources decided in parallel.
 	MaxConcurrentReconciles int
 	// EndedGrantRetention: how long ended LockGrants are kept (0: the
@@ -169,6 +173,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	if err := SetupAdmissionGuard(mgr, GuardOptions{
 		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,
+		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername,
 	}); err != nil {
 		return fmt.Errorf("admission guard: %w", err)
 	}

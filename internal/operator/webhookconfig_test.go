@@ -141,7 +141,7 @@ func TestWebhookDriftKeepsTheLiveCABundleItDoesNotManage(t *testing.T) {
 }
 
 func TestTrustAnchorPolicyDrift(t *testing.T) {
-	policy, binding := TrustAnchorPolicy("fencekeeper-system", "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager")
+	policy, binding := TrustAnchorPolicy(AnchorScope{Namespace: "fencekeeper-system", Operator: "system:serviceaccount:fencekeeper-system:fencekeeper-controller-manager"})
 	if PolicyDrifted(policy.Spec, *normalizePolicy(policy.Spec)) {
 		t.Fatal("the API server's defaults alone read as drift of the policy")
 	}

@@ -221,8 +221,8 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 })
 
 // startGuard runs the operator's admission guard as the operator user with
-// the declared kinds, the way operator.Run registers it (--protected-kinds),
-// and returns a function that stops it.
+// the declared kinds, the way operator.Run registers it (--protected-kinds,
+// --cert-manager-username), and returns a function that stops it.
 func startGuard(kinds []schema.GroupVersionResource) func() {
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:  scheme,
@@ -232,6 +232,7 @@ func startGuard(kinds []schema.GroupVersionResource) func() {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(fkoperator.SetupAdmissionGuard(mgr, fkoperator.GuardOptions{
 		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName, ProtectedKinds: kinds,
+		CertManagerUsername: certManagerUser,
 	})).To(Succeed())
 	ctx, cancel := context.WithCancel(suiteCtx)
 	var done sync.WaitGroup

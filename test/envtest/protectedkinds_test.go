@@ -87,18 +87,10 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 		if stopGuard != nil {
 			stopGuard()
 		}
-		// Leave the suite as it was: the guard's policy off (see anchors_test.go),
-		// the webhook rules as the suite installed them, the roles gone.
-		for _, obj := range append(created,
-			&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}},
-			&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: fkoperator.TrustAnchorPolicyName}}) {
+		restoreSuiteAdmission(installed)
+		for _, obj := range created {
 			Expect(client.IgnoreNotFound(admin.Delete(suiteCtx, obj))).To(Succeed())
 		}
-		Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: installed.ObjectMeta},
-			func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
-				c.Webhooks = installed.Webhooks
-				delete(c.Annotations, locksv1.AnnotationProtectedKinds)
-			})).To(Succeed())
 	})
 
 	It("cannot grant itself read access: the installer's aggregated ClusterRole does", func() {
@@ -286,6 +278,19 @@ var _ = Describe("declared protected kinds", Ordered, func() {
 	})
 })
 
+// restoreSuiteAdmission leaves the suite as it was after specs that ran the
+// guard with other kinds declared: the guard's policy off (see
+// anchors_test.go) and the webhook rules as the suite installed them.
+func restoreSuiteAdmission(installed *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	GinkgoHelper()
+	removeTrustAnchorPolicy(admin)
+	Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: installed.ObjectMeta},
+		func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			c.Webhooks = installed.Webhooks
+			delete(c.Annotations, locksv1.AnnotationProtectedKinds)
+		})).To(Succeed())
+}
+
 // hasKindRule says whether rules hold the declared-kind rule of k (the API
 // server adds scope: "*" to what the operator writes).
 func hasKindRule(rules []admissionregistrationv1.RuleWithOperations, k schema.GroupVersionResource) bool {
@@ -302,19 +307,30 @@ func hasKindRule(rules []admissionregistrationv1.RuleWithOperations, k schema.Gr
 // aggregateClusterRoles does what kube-controller-manager's
 // clusterrole-aggregation controller does (envtest runs no controller
 // manager): it sets the rules of the aggregated ClusterRole name to the union
-// of the rules of the ClusterRoles its aggregationRule selects.
-func aggregateClusterRoles(name string) {
+// of the rules of the ClusterRoles its aggregationRule selects, those
+// aggregated themselves first (the built-in edit aggregates view).
+func aggregateClusterRoles(name string) *rbacv1.ClusterRole {
 	GinkgoHelper()
-	Expect(update(admin, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(agg *rbacv1.ClusterRole) {
+	agg := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	Expect(update(admin, agg, func(agg *rbacv1.ClusterRole) {
 		agg.Rules = nil
 		for _, sel := range agg.AggregationRule.ClusterRoleSelectors {
+			selector, err := metav1.LabelSelectorAsSelector(&sel)
+			Expect(err).NotTo(HaveOccurred())
 			var roles rbacv1.ClusterRoleList
-			Expect(admin.List(suiteCtx, &roles, client.MatchingLabels(sel.MatchLabels))).To(Succeed())
+			Expect(admin.List(suiteCtx, &roles, client.MatchingLabelsSelector{Selector: selector})).To(Succeed())
 			for _, r := range roles.Items {
-				agg.Rules = append(agg.Rules, r.Rules...)
+				switch {
+				case r.Name == name:
+				case r.AggregationRule != nil:
+					agg.Rules = append(agg.Rules, aggregateClusterRoles(r.Name).Rules...)
+				default:
+					agg.Rules = append(agg.Rules, r.Rules...)
+				}
 			}
 		}
 	})).To(Succeed())
+	return agg
 }
 
 // clusterUserWithRole adds a user bound to a ClusterRole (named like the user) with rules.

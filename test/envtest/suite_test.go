@@ -261,13 +261,13 @@ func stays(lg *locksv1.LockGrant, phase locksv1.LockGrantPhase) {
 }
 
 // update re-reads obj and applies mutate until the write succeeds.
-func update[T client.Object](c client.Client, obj T, mutate func(T)) error {
+func update[T client.Object](c client.Client, obj T, mutate func(T), opts ...client.UpdateOption) error {
 	for {
 		if err := c.Get(suiteCtx, client.ObjectKeyFromObject(obj), obj); err != nil {
 			return err
 		}
 		mutate(obj)
-		err := c.Update(suiteCtx, obj)
+		err := c.Update(suiteCtx, obj, opts...)
 		if !apierrors.IsConflict(err) {
 			return err
 		}

@@ -18,8 +18,29 @@ import (
 
 // One object has one registry entry, also when two creates race: the create
 // webhook claims the target with a Lease whose name the API server keeps
-// unique (docs/security.md).
-var _ = Describe("Target claims", func() {
+// unique (docs/security.md). The specs run under the operator-namespace
+// policy, which lets nobody but the operator write a claim: the claims are
+// taken and collected through it, and the specs age them as the operator.
+var _ = Describe("Target claims", Ordered, func() {
+	var (
+		op        client.Client // the operator's identity
+		stopGuard func()
+	)
+	BeforeAll(func() {
+		var err error
+		op, err = client.New(opCfg, client.Options{Scheme: scheme})
+		Expect(err).NotTo(HaveOccurred())
+		stopGuard = startGuard(suiteKinds)
+		Eventually(func() error {
+			return setAnchorData(admin, locksv1.TrustBundleConfigMap, "k-probe", randomPublicKey(), client.DryRunAll)
+		}).Should(notOperator)
+	})
+	AfterAll(func() {
+		if stopGuard != nil {
+			stopGuard()
+		}
+		removeTrustAnchorPolicy(admin)
+	})
 	entry := func(ns, name, target string) *locksv1.FencedResource {
 		return &locksv1.FencedResource{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -87,13 +108,13 @@ var _ = Describe("Target claims", func() {
 		// Once the claim is older than the grace, it is taken over.
 		old := claimOf(ns, "t")
 		old.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-3 * time.Minute)}
-		Expect(admin.Update(suiteCtx, old)).To(Succeed())
+		Expect(op.Update(suiteCtx, old)).To(Succeed())
 		Expect(admin.Create(suiteCtx, entry(ns, "second", "t"))).To(Succeed())
 		Expect(*claimOf(ns, "t").Spec.HolderIdentity).To(Equal(ns + "/second"))
 		// And the entry that holds it keeps it, however old the claim.
 		held := claimOf(ns, "t")
 		held.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-time.Hour)}
-		Expect(admin.Update(suiteCtx, held)).To(Succeed())
+		Expect(op.Update(suiteCtx, held)).To(Succeed())
 		Expect(admin.Create(suiteCtx, entry(ns, "third", "t"))).To(invalidAt("spec.target", "already protected by FencedResource second"))
 	})
 
@@ -111,13 +132,11 @@ var _ = Describe("Target claims", func() {
 		age := func(target string, by time.Duration) {
 			l := claimOf(ns, target)
 			l.Spec.AcquireTime = &metav1.MicroTime{Time: time.Now().Add(-by)}
-			Expect(admin.Update(suiteCtx, l)).To(Succeed())
+			Expect(op.Update(suiteCtx, l)).To(Succeed())
 		}
 		age("t-gone-1", 3*time.Minute) // past the grace
 		age("t-gone-2", time.Minute)   // its create might still be on its way
 		age("t-live", time.Hour)       // old, but its entry holds it
-		op, err := client.New(opCfg, client.Options{Scheme: scheme})
-		Expect(err).NotTo(HaveOccurred())
 		c := &webhooks.TargetClaimCollector{Claims: op, Entries: op, Writer: op, Namespace: opNamespace}
 		Eventually(func() error { // the operator's own identity: its Role must allow list and delete
 			_, err := c.Collect(suiteCtx)

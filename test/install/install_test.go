@@ -118,8 +118,8 @@ func TestChartValues(t *testing.T) {
 		pod, c := managerSpec(t, objs)
 		args := strings.Join(toStrings(c["args"]), " ")
 		for _, want := range []string{"--self-signed-certs", "--webhook-hosts=fencekeeper-webhook-service.fencekeeper-system.svc,",
-			"--webhook-configuration=fencekeeper-validating-webhook-configuration"} {
-			if !strings.Contains(args, want) {
+			"--webhook-configuration=fencekeeper-validating-webhook-configuration", "--cert-manager-username= "} {
+			if !strings.Contains(args+" ", want) {
 				t.Errorf("manager args %q lack %q", args, want)
 			}
 		}
@@ -129,6 +129,13 @@ func TestChartValues(t *testing.T) {
 		cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
 		if _, ok := cfg["metadata"].(map[string]any)["annotations"]; ok {
 			t.Errorf("self-signed: the webhook configuration still asks cert-manager to inject a CA")
+		}
+	})
+
+	t.Run("cert-manager's user reaches the manager", func(t *testing.T) {
+		_, c := managerSpec(t, parse(t, renderChart(t, root, "certificates.certManagerUsername=system:serviceaccount:certs:cm")))
+		if args := strings.Join(toStrings(c["args"]), " "); !strings.Contains(args, "--cert-manager-username=system:serviceaccount:certs:cm") {
+			t.Errorf("manager args %q lack the cert-manager user", args)
 		}
 	})
 
