@@ -160,6 +160,16 @@ func parseList[T any](s string, parse func(string, int) (T, error)) ([]T, error)
 
 func (c *config) runs(phase string) bool { return c.only == nil || c.only[phase] }
 
+// workDir holds the operator binary the bench builds and its log: the
+// directory of the results file (bin/bench by default), so that a run with
+// -out elsewhere writes nothing into bin/.
+func (c *config) workDir(root string) string {
+	if c.out == "" {
+		return filepath.Join(root, "bin", "bench")
+	}
+	return filepath.Dir(c.out)
+}
+
 func main() {
 	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 }
