@@ -72,7 +72,7 @@ verify-generated: manifests generate ## Fail if generated files are out of date.
 .PHONY: test
 test: control-plane manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
 	go test -race -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/)
-	go test -v -count=1 -timeout 30m $(GO_TEST_FLAGS) $$(go list ./test/... | grep -v /test/chaos) # includes test/ha (two manager processes, ~75 s)
+	go test -v -count=1 -timeout 30m $(GO_TEST_FLAGS) $$(go list ./test/... | grep -v /test/chaos) # includes test/ha (two manager processes, ~75 s) and test/bench (quick bench, quick soak: ~3 min)
 	go test -v -count=1 -timeout 10m $(GO_TEST_FLAGS) ./test/chaos # make chaos cut down: one 30 s schedule, ~75 s; alone, as it loads both cores
 	$(MAKE) test-monitoring
 
@@ -180,3 +180,7 @@ chaos: control-plane ## Fault schedules on a replicated control plane (3 etcd, 2
 .PHONY: bench
 bench: control-plane ## Benchmarks vs raw baselines in one run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL, writes bin/bench/results.json (BENCH_FLAGS=-quick for a smoke run).
 	go run ./test/bench $(BENCH_FLAGS)
+
+.PHONY: soak
+soak: control-plane ## Hostile-tenant soak: honest workers beside a tenant attacking for SOAK_DURATION (default 5m) in windows between quiet ones; PASS/FAIL/INCONCLUSIVE per check, bin/bench/soak.json, exit 2 on FAIL (~25 min with the claim collector's wait; SOAK_FLAGS for more).
+	go run ./test/bench -only soak -soak-duration=$(or $(SOAK_DURATION),5m) -out bin/bench/soak.json -fail-on-miss $(SOAK_FLAGS)

@@ -121,7 +121,8 @@ func TargetClaimName(namespace, targetKey string) string {
 
 // LockGrantName is the name the client library gives the LockGrant in
 // which owner requests resource with requestID: the resource name (cut to
-// 200 characters), a dash, and 16 lowercase hex digits of SHA-256 over
+// 200 characters, without a dot the cut leaves at its end, which would make
+// the name invalid), a dash, and 16 lowercase hex digits of SHA-256 over
 // resource, owner and requestID. The owner is in it, so no other owner can
 // take the name before the owner's client does; the API server's name
 // uniqueness makes (resource, owner, requestID) unique atomically, and a
@@ -133,7 +134,7 @@ func LockGrantName(resource, owner, requestID string) string {
 	sum := sha256.Sum256([]byte(resource + "\x00" + owner + "\x00" + requestID))
 	name := resource
 	if len(name) > 200 {
-		name = name[:200]
+		name = strings.TrimRight(name[:200], ".")
 	}
 	return name + "-" + hex.EncodeToString(sum[:lockGrantNameDigits/2])
 }

@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestLockGrantName(t *testing.T) {
@@ -30,6 +32,16 @@ func TestLockGrantName(t *testing.T) {
 		if LockGrantName(x[0], x[1], x[2]) == LockGrantName(y[0], y[1], y[2]) {
 			t.Errorf("%q and %q share a name", x, y)
 		}
+	}
+}
+
+// TestLockGrantNameOfALongDottedResource: a cut that ends on a dot would
+// give "….-<digits>", which the API server refuses: the dot is dropped.
+func TestLockGrantNameOfALongDottedResource(t *testing.T) {
+	resource := strings.Repeat("r", 199) + "." + strings.Repeat("s", 53)
+	n := LockGrantName(resource, "o", "r1")
+	if want := strings.Repeat("r", 199) + "-"; !strings.HasPrefix(n, want) || len(validation.IsDNS1123Subdomain(n)) != 0 {
+		t.Errorf("LockGrantName of a resource with a dot at 200 = %q: want a valid name starting %.10q…", n, want)
 	}
 }
 

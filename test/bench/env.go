@@ -248,7 +248,7 @@ type subprocess struct {
 }
 
 func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config) (*subprocess, error) {
-	bin := filepath.Join(cp.Root(), "bin", "bench", "manager")
+	bin := filepath.Join(cfg.workDir(cp.Root()), "manager")
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return nil, err
 	}
@@ -309,7 +309,7 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(cp.Root(), "bin", "bench", "manager.log")
+	logPath := filepath.Join(cfg.workDir(cp.Root()), "manager.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err

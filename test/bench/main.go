@@ -8,6 +8,7 @@
 //
 //	go run ./test/bench            # the full run (make bench)
 //	go run ./test/bench -quick     # a smoke run, well under a minute
+//	go run ./test/bench -only soak # the hostile-tenant soak (make soak), never part of the default run
 //
 // See docs/performance.md for the method.
 package main
@@ -62,6 +63,8 @@ type config struct {
 	ntBudget             time.Duration
 	ntFill               bool
 	ntRate               float64
+
+	soak soakConfig
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -74,7 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.maxReconciles, "max-concurrent-reconciles", 4, "The operator's --max-concurrent-reconciles (cmd/manager's default is 4).")
 	fs.StringVar(&c.out, "out", "bin/bench/results.json", "Where to write the JSON results (relative to the repository root).")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "Write a CPU profile of this process (with -in-process it includes the operator).")
-	fs.StringVar(&only, "only", "", "Comma-separated phases to run (handoff,expiry,throughput,webhook,micro,scale,nontarget); default all.")
+	fs.StringVar(&only, "only", "", "Comma-separated phases to run (handoff,expiry,throughput,webhook,micro,scale,nontarget; soak runs only when named here); default all but soak.")
 	fs.BoolVar(&c.dumpMetrics, "dump-metrics", false, "Write the operator's and the API server's Prometheus metrics to bin/bench/*-metrics.txt at the end (for diagnosis).")
 	fs.StringVar(&c.profilePhase, "profile-phase", "", "Capture CPU profiles (kube-apiserver's /debug/pprof, the operator's when -in-process, and etcd's /debug/pprof) while this phase runs.")
 	fs.StringVar(&c.profileDir, "profile-dir", "bin/bench/profiles", "Where -profile-phase writes its profiles.")
@@ -100,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.ntFill, "nontarget-fill", true, "When the setup budget ends the non-target run's load early, add entries without a target (admitted without a list) up to -nontarget-entries.")
 	fs.IntVar(&c.ntSamples, "nontarget-samples", 400, "Requests measured per kind in the non-target run (unprotected, non-target, non-target naming an entry, protected, registry GET).")
 	fs.Float64Var(&c.ntRate, "nontarget-rate", 100, "Requests/s of the non-target run, all five kinds together.")
+	c.soak.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -158,7 +162,24 @@ func parseList[T any](s string, parse func(string, int) (T, error)) ([]T, error)
 	return out, nil
 }
 
-func (c *config) runs(phase string) bool { return c.only == nil || c.only[phase] }
+// runs reports whether phase is selected: the soak only when named in -only
+// (it is minutes of hostile load, not a benchmark), the others by default.
+func (c *config) runs(phase string) bool {
+	if phase == soakPhase {
+		return c.only[phase]
+	}
+	return c.only == nil || c.only[phase]
+}
+
+// workDir holds the operator binary the bench builds and its log: the
+// directory of the results file (bin/bench by default), so that a run with
+// -out elsewhere writes nothing into bin/.
+func (c *config) workDir(root string) string {
+	if c.out == "" {
+		return filepath.Join(root, "bin", "bench")
+	}
+	return filepath.Dir(c.out)
+}
 
 func main() {
 	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
@@ -270,6 +291,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) (*report, error) {
 		{"webhook", func() error { return rep.webhook(ctx, e, cfg, log) }},
 		{"scale", func() error { return rep.scale(ctx, e, cfg, log) }},
 		{"nontarget", func() error { return rep.nontarget(ctx, e, cfg, log) }},
+		{soakPhase, func() error { return rep.soak(ctx, e, cfg, log) }},
 	} {
 		if err := phase(p.name, p.f); err != nil {
 			rep.finish(start)

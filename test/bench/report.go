@@ -28,6 +28,7 @@ type report struct {
 	Webhook    *webhookResult    `json:"webhook_overhead,omitempty"`
 	Scale      *scaleResult      `json:"scale,omitempty"`
 	NonTarget  *nontargetResult  `json:"nontarget,omitempty"`
+	Soak       *soakResult       `json:"soak,omitempty"`
 	Targets    []target          `json:"targets"`
 }
 
@@ -85,6 +86,9 @@ func (r *report) judge(name, rule string, measured, limit float64, unit, detail 
 }
 
 func (r *report) allPass() bool {
+	if r.Soak != nil && r.Soak.Verdict == verdictFail {
+		return false
+	}
 	for _, t := range r.Targets {
 		if !t.Pass {
 			return false
@@ -241,6 +245,13 @@ func (r *report) print(out io.Writer) {
 	}
 	if x := r.NonTarget; x != nil {
 		x.print(out, section, row, func() { tw.Flush() })
+	}
+	if x := r.Soak; x != nil {
+		x.print(out, section, row, func() { tw.Flush() })
+	}
+	if len(r.Targets) == 0 {
+		tw.Flush()
+		return
 	}
 	section("Targets (issue 11; non-target: issue 10)")
 	row("target", "rule", "measured", "limit", "result")

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+)
+
+// TestQuickSoak runs the hostile-tenant soak (`make soak`) with a short
+// hostile phase (two 12 s windows beside 6 s quiet ones, 80 big-annotation
+// grants: make soak's rate) and fails when its verdict is FAIL. An INCONCLUSIVE check (too few
+// samples for a tail, or the target-claim collector's pass not due within
+// the short wait) does not fail it; the run must still have measured every
+// side.
+func TestQuickSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; skipped with -short")
+	}
+	out := filepath.Join(t.TempDir(), "soak.json")
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := Main([]string{"-only", "soak", "-out", out, "-soak-duration", "24s", "-soak-windows", "2", "-soak-big-grants", "80",
+		"-soak-settle", "6s", "-soak-collect-wait", "5s"}, &stdout, &stderr)
+	t.Logf("quick soak took %s\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
+	if code != 0 {
+		t.Fatalf("soak exited %d: %s", code, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("results are not the report's JSON: %v", err)
+	}
+	s := rep.Soak
+	if s == nil {
+		t.Fatalf("no soak section: %s", raw)
+	}
+	for what, n := range map[string]int{
+		"quiet honest handoffs":   s.Handoffs.Quiet.N,
+		"hostile honest handoffs": s.Handoffs.Hostile.N,
+		"big-annotation grants":   s.Inputs.BigGrants.Attempts,
+		"entry churn creates":     s.Inputs.Churn.Created.Attempts,
+		"odd-input cases":         len(s.Inputs.Odd),
+		"wrong-pod attempts":      len(s.Inputs.WrongPod),
+		"operator RSS samples":    s.Memory.AfterCleanupSamples,
+	} {
+		if n == 0 {
+			t.Errorf("%s: none measured", what)
+		}
+	}
+	if len(s.Checks) != 10 {
+		t.Errorf("%d checks judged, want 10", len(s.Checks))
+	}
+	if s.Verdict == verdictFail {
+		for _, c := range s.Checks {
+			if c.Result == verdictFail {
+				t.Errorf("soak check %q failed: %s (rule: %s) %s", c.Name, c.Measured, c.Rule, c.Detail)
+			}
+		}
+	}
+}
+
+func msN(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func repeat(d time.Duration, n int) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = d
+	}
+	return out
+}
+
+func TestCheckTail(t *testing.T) {
+	quiet := repeat(msN(10), 200)
+	for name, c := range map[string]struct {
+		hostile [][]time.Duration
+		want    string
+	}{
+		"within the limit":                {[][]time.Duration{repeat(msN(19), 150), repeat(msN(20), 150)}, verdictPass},
+		"over it in every window":         {[][]time.Duration{repeat(msN(30), 150), repeat(msN(30), 150)}, verdictFail},
+		"over it in one window of two":    {[][]time.Duration{append(repeat(msN(10), 140), repeat(msN(90), 10)...), repeat(msN(10), 150)}, verdictInconclusive},
+		"few samples, each of them slow":  {[][]time.Duration{repeat(msN(900), 4), repeat(msN(800), 3)}, verdictFail},
+		"few samples, only the tail slow": {[][]time.Duration{{msN(10), msN(11), msN(900)}, {msN(10), msN(12)}}, verdictInconclusive},
+		"no hostile sample at all":        {[][]time.Duration{nil, nil}, verdictInconclusive},
+		"one window of two is not enough": {[][]time.Duration{repeat(msN(30), 150), repeat(msN(10), 150)}, verdictInconclusive},
+		"two windows of three are":        {[][]time.Duration{repeat(msN(30), 150), repeat(msN(10), 150), repeat(msN(30), 150)}, verdictFail},
+	} {
+		if got := checkTail("x", quiet, c.hostile); got.Result != c.want {
+			t.Errorf("%s: %s (%s; %s), want %s", name, got.Result, got.Measured, got.Detail, c.want)
+		}
+	}
+}
+
+func TestHandoffSamplesPairReleaseWithNextFence(t *testing.T) {
+	t0 := time.Now()
+	fenceAt := map[int64]time.Time{1: t0, 2: t0.Add(50 * time.Millisecond), 3: t0.Add(80 * time.Millisecond)}
+	releases := []releaseEvent{
+		{fence: 1, at: t0.Add(40 * time.Millisecond)},
+		{fence: 2, at: t0.Add(70 * time.Millisecond), tenant: true},
+		{fence: 3, at: t0.Add(90 * time.Millisecond)}, // no fence 4 seen: the run ended
+	}
+	got := handoffSamples(releases, fenceAt, false)
+	if len(got) != 1 || got[0].d != 10*time.Millisecond {
+		t.Fatalf("honest handoffs %+v, want one of 10ms", got)
+	}
+	if got := handoffSamples(releases, fenceAt, true); len(got) != 1 || got[0].d != 10*time.Millisecond {
+		t.Fatalf("tenant handoffs %+v, want one of 10ms", got)
+	}
+}
+
+func TestWithoutTenantHolds(t *testing.T) {
+	t0 := time.Now()
+	at := func(n int) time.Time { return t0.Add(msN(n)) }
+	spans := []holderSpan{{tenant: true, start: at(0), end: at(100)}, {start: at(100), end: at(200)}, {tenant: true, start: at(250), end: at(400)}}
+	// 50..350: 50 of the first tenant hold, 100 of the last.
+	if got := withoutTenantHolds(waitSample{at(50), at(350)}, spans); got != msN(150) {
+		t.Fatalf("got %s, want 150ms", got)
+	}
+}
+
+func TestPoolsSortSamplesByWindow(t *testing.T) {
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	r := &soakResult{Windows: []soakWindow{
+		{Kind: windowQuiet, Start: at(0), End: at(10)}, {Kind: windowHostile, Start: at(10), End: at(20)},
+		{Kind: windowPause, Start: at(20), End: at(30)}, {Kind: windowHostile, Start: at(30), End: at(40)},
+		{Kind: windowAfterCleanup, Start: at(40), End: at(50)},
+	}}
+	samples := []timedSample{
+		{at: at(1), end: at(2), d: 1},   // quiet
+		{at: at(9), end: at(11), d: 2},  // straddles into hostile 1
+		{at: at(15), end: at(16), d: 3}, // hostile 1
+		{at: at(25), end: at(26), d: 4}, // pause: neither
+		{at: at(29), end: at(31), d: 5}, // into hostile 2
+		{at: at(41), end: at(42), d: 6}, // after cleanup
+		{at: at(49), end: at(51), d: 7}, // ends outside its window
+	}
+	q, h := r.pools(samples, true)
+	if !slices.Equal(q, []time.Duration{1, 6}) || len(h) != 2 || !slices.Equal(h[0], []time.Duration{2, 3}) || !slices.Equal(h[1], []time.Duration{5}) {
+		t.Fatalf("by overlap: quiet %v, hostile %v", q, h)
+	}
+	q, h = r.pools(samples, false)
+	if !slices.Equal(q, []time.Duration{1, 2, 6, 7}) || !slices.Equal(h[0], []time.Duration{3}) || h[1] != nil {
+		t.Fatalf("by start: quiet %v, hostile %v", q, h)
+	}
+}
+
+func TestCollectorDue(t *testing.T) {
+	start := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	now := start.Add(3 * time.Minute)
+	for _, c := range []struct {
+		lastClaim time.Time
+		want      time.Time
+	}{
+		{time.Time{}, now},
+		{start.Add(time.Minute), start.Add(10 * time.Minute)},
+		{start.Add(7*time.Minute + 59*time.Second), start.Add(10 * time.Minute)},
+		{start.Add(8*time.Minute + time.Second), start.Add(20 * time.Minute)},
+	} {
+		if got := collectorDue(start, c.lastClaim, now); !got.Equal(c.want) {
+			t.Errorf("last claim at %s: due %s, want %s", c.lastClaim.Format(time.TimeOnly), got.Format(time.TimeOnly), c.want.Format(time.TimeOnly))
+		}
+	}
+}
+
+func TestOddNames(t *testing.T) {
+	for _, c := range []struct {
+		length, dotAt  int
+		grantNameValid bool
+	}{{253, 0, true}, {253, 199, true}} {
+		name := dnsName(c.length, 42, c.dotAt)
+		if len(name) != c.length || len(validation.IsDNS1123Subdomain(name)) != 0 {
+			t.Fatalf("dnsName(%d, %d) = %q is not a %d-character DNS subdomain: %v", c.length, c.dotAt, name, c.length, validation.IsDNS1123Subdomain(name))
+		}
+		grantName := locksv1.LockGrantName(name, "tenant", "odd-1")
+		if valid := len(validation.IsDNS1123Subdomain(grantName)) == 0; valid != c.grantNameValid {
+			t.Errorf("LockGrantName of %q = %q: valid %v, want %v", name, grantName, valid, c.grantNameValid)
+		}
+	}
+	if got := len(padding(262121)); got != 262121 {
+		t.Errorf("padding(262121) is %d bytes", got)
+	}
+	if got := squeeze("x \"üüüüüüüüüü\" aa"); got != `x "ü×10" aa` {
+		t.Errorf("squeeze: %q", got)
+	}
+	if got := decodeLit("\"a\xff\\ud800\""); got != "a\uFFFD\uFFFD" {
+		t.Errorf("decodeLit: %q", got)
+	}
+}
+
+func TestOutcomeOf(t *testing.T) {
+	denied := apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "x", errors.New("WRONG_OWNER: from another pod"))
+	withCause := &apierrors.StatusError{ErrStatus: metav1.Status{Reason: metav1.StatusReasonForbidden, Message: "denied",
+		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: fence.CauseVerdict, Message: "DELETE_NOT_DECLARED"}}}}}
+	for err, want := range map[error]string{
+		nil: "ACCEPTED", denied: "WRONG_OWNER", withCause: "DELETE_NOT_DECLARED",
+		apierrors.NewConflict(schema.GroupResource{Resource: "lockgrants"}, "x", errors.New("changed")): "Conflict",
+	} {
+		if got := outcomeOf(err); got != want {
+			t.Errorf("outcomeOf(%v) = %q, want %q", err, got, want)
+		}
+	}
+}
+
+func TestAttackList(t *testing.T) {
+	var c soakConfig
+	if err := (attackList{&c}).Set("squat, replica"); err != nil {
+		t.Fatal(err)
+	}
+	if !c.runs(attackSquat) || c.runs(attackBig) || (attackList{&c}).String() != "replica,squat" {
+		t.Fatalf("attacks %v", c.attacks)
+	}
+	if err := (attackList{&c}).Set("squat,flood"); err == nil {
+		t.Fatal("an unknown attack was accepted")
+	}
+	if err := (attackList{&c}).Set("all"); err != nil || !c.runs(attackBig) {
+		t.Fatalf("all: %v %v", err, c.attacks)
+	}
+}
