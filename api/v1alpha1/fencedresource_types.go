@@ -95,6 +95,7 @@ type FencedResourceSpec struct {
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.all(v, size(bytes(v)) <= 253)",message="every allowedOwners entry must be at most 253 bytes of UTF-8 (a signed grant field)"
 	AllowedOwners []string `json:"allowedOwners,omitempty"`
 
 	// operationCategories lists the allowed operationCategory values; empty allows any.
@@ -102,6 +103,7 @@ type FencedResourceSpec struct {
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.all(v, size(bytes(v)) <= 253)",message="every operationCategories entry must be at most 253 bytes of UTF-8 (a signed grant field)"
 	OperationCategories []string `json:"operationCategories,omitempty"`
 
 	// enforcement is Shadow (warn) or Enforce (deny). Shadow may become Enforce; Enforce never goes back.

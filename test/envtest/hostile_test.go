@@ -43,3 +43,21 @@ var _ = Describe("hostile input: field sizes in bytes", func() {
 		})
 	}
 })
+
+// A policy entry longer in bytes than a grant field could never be matched
+// by a signable request: the entry is refused where it is written.
+var _ = Describe("hostile input: FencedResource policy entries in bytes", func() {
+	long := strings.Repeat("ü", 128) // 128 characters, 256 bytes
+	for field, set := range map[string]func(*locksv1.FencedResource){
+		"operationCategories": func(fr *locksv1.FencedResource) { fr.Spec.OperationCategories = []string{"settle", long} },
+		"allowedOwners":       func(fr *locksv1.FencedResource) { fr.Spec.AllowedOwners = []string{long} },
+	} {
+		It("refuses an "+field+" entry of 128 characters but 256 bytes", func() {
+			ns := newNamespace()
+			fr := &locksv1.FencedResource{ObjectMeta: objectMeta(ns, "batch"),
+				Spec: locksv1.FencedResourceSpec{ResourceID: "batch", LeaseDurationSeconds: 10}}
+			set(fr)
+			Expect(admin.Create(suiteCtx, fr)).To(invalidAt("spec."+field, "at most 253 bytes of UTF-8"))
+		})
+	}
+})
