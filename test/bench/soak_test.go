@@ -33,7 +33,7 @@ func TestQuickSoak(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	start := time.Now()
 	code := Main([]string{"-only", "soak", "-out", out, "-soak-duration", "24s", "-soak-windows", "2", "-soak-big-grants", "80",
-		"-soak-settle", "6s", "-soak-collect-wait", "5s"}, &stdout, &stderr)
+		"-soak-settle", "6s", "-soak-collect-wait", "5s", "-soak-report-timing"}, &stdout, &stderr)
 	t.Logf("quick soak took %s\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
 	if code != 0 {
 		t.Fatalf("soak exited %d: %s", code, stderr.String())
@@ -230,5 +230,17 @@ func TestAttackList(t *testing.T) {
 	}
 	if err := (attackList{&c}).Set("all"); err != nil || !c.runs(attackBig) {
 		t.Fatalf("all: %v %v", err, c.attacks)
+	}
+}
+
+func TestReportTimingJudgesTheOthers(t *testing.T) {
+	r := soakResult{Checks: []soakCheck{{Name: "honest handoff p99", Result: verdictFail}, {Name: "changes from the wrong pod", Result: verdictPass}}}
+	r.reportTiming()
+	if r.Verdict != verdictPass || r.Checks[0].Result != verdictReported {
+		t.Fatalf("timing FAIL reported: verdict %s, check %s", r.Verdict, r.Checks[0].Result)
+	}
+	r.Checks[1].Result = verdictFail
+	if r.reportTiming(); r.Verdict != verdictFail {
+		t.Fatalf("a failing safety check must still fail the run: %s", r.Verdict)
 	}
 }

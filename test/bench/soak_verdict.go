@@ -2,6 +2,7 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -9,6 +10,8 @@ const (
 	verdictPass         = "PASS"
 	verdictFail         = "FAIL"
 	verdictInconclusive = "INCONCLUSIVE"
+	// verdictReported: a timing check printed, not judged (-soak-report-timing).
+	verdictReported = "REPORTED"
 
 	windowWarmup       = "warm-up"
 	windowQuiet        = "quiet"
@@ -279,6 +282,21 @@ func (r *soakResult) analyze(rec *soakRecorder, t *tenantSide) {
 		r.checkCleanup(),
 		r.checkLeases(),
 		r.checkWrongPod(),
+	}
+	r.Verdict = overall(r.Checks)
+}
+
+// timingChecks are the checks judged by time, not by what happened.
+var timingChecks = []string{"honest handoff p99", "issuing on the honest lock", "honest wait behind the tenant"}
+
+// reportTiming turns the timing checks' results into REPORTED (the figures
+// stay) and judges the run on the others.
+func (r *soakResult) reportTiming() {
+	for i, c := range r.Checks {
+		if slices.Contains(timingChecks, c.Name) {
+			r.Checks[i].Detail = strings.TrimSpace(c.Detail + " (" + c.Result + " in a full run's terms; not judged here)")
+			r.Checks[i].Result = verdictReported
+		}
 	}
 	r.Verdict = overall(r.Checks)
 }
