@@ -87,7 +87,7 @@ func TestQuickBench(t *testing.T) {
 	// or (b) measured nothing but (a) again.
 	positive("vprotected-enrolled calls", nt.EnrolledCalls)
 	positive("NOT_PROTECTED decisions", nt.NotProtected)
-	// Issue 11's targets: handoff p50 and p99, expiry, contended and
+	// the targets of the critical-path work: handoff p50 and p99, expiry, contended and
 	// uncontended throughput, writes per cycle, webhook overhead and ratio
 	// at one rate, scale handoff, webhook, create and RSS; then non-target.
 	if len(rep.Targets) != 13 {

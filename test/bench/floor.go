@@ -38,7 +38,7 @@ import (
 //	create the LockGrant → CAS the registry (issue) → the client sees it on its
 //	registry watch → release patch → CAS the registry (end, recorded)
 //
-// Four custom-resource writes per cycle, as issue 11 counts the floor. On a
+// Four custom-resource writes per cycle, as the critical-path work counts the floor. On a
 // machine whose CPU is the bottleneck, fencekeeper's cycles/s can approach
 // this loop's but not pass it; if the loop itself is under a target's ratio
 // to the raw Lease loop, that target cannot be met on this machine.

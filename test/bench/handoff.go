@@ -583,7 +583,7 @@ func expiryChain(ctx context.Context, ph *phases, kube client.Client, ns string,
 		if r.lock.Fence() != holder.Fence()+1 {
 			return fmt.Errorf("%s: fence %d after %d", resource, r.lock.Fence(), holder.Fence())
 		}
-		// The first round is warm-up; a waiter that was not queued before the
+		// The first measurement pass is warm-up; a waiter that was not queued before the
 		// expiry instant measures its own arrival, not a handoff.
 		if i > 0 && first == locksv1.PhasePending && queuedAt.Before(old.Status.ExpiresAt.Time) {
 			sample(r.at.Sub(old.Status.ExpiresAt.Time), &old, r.lock, r.at)

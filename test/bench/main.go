@@ -2,8 +2,8 @@
 // control plane (etcd + kube-apiserver from bin/k8s) with the real operator:
 // release and expiry handoff, acquire/release throughput, the acceptance
 // webhook's overhead, scale to 10,000 FencedResources and what registry-keyed
-// protection costs writes to non-targets (issue 10). It prints a table,
-// writes a JSON file and judges the targets of issue 11 (PASS/FAIL); the
+// protection costs writes to non-targets. It prints a table,
+// writes a JSON file and judges the targets of the critical-path work (PASS/FAIL); the
 // ratios are taken within one run, so a slow or busy machine slows both sides.
 //
 //	go run ./test/bench            # the full run (make bench)

@@ -20,7 +20,7 @@ import (
 )
 
 // nontargetResult: what registry-keyed protection costs writes to objects
-// that are nobody's target (issue 10). One run, one control plane, the same
+// that are nobody's target. One run, one control plane, the same
 // client and the same open-loop schedule for every kind of write.
 type nontargetResult struct {
 	EntriesRequested int `json:"entries_requested"`
@@ -258,9 +258,9 @@ func (x *nontargetResult) judge(r *report) {
 // target each if targeted (the ConfigMaps need not exist), `loaders` at a
 // time, until all exist or the budget (0: none) is spent. It returns the entries created and each
 // create's latency, in order of creation; a create that fails after retries
-// // stops the load and is returned with what was created. A targeted create's
-// webhook lists the namespace's entries, so that load is quadratic in n
-// (issue 11); an entry without a target is admitted without a list.
+// stops the load and is returned with what was created. A targeted create's
+// webhook lists the namespace's entries, so that load is quadratic in n; an
+// entry without a target is admitted without a list.
 func (e *env) loadEntries(ctx context.Context, ns, prefix string, n int, budget time.Duration, targeted bool, loaders int, log io.Writer) ([]string, []time.Duration, error) {
 	start := time.Now()
 	var (

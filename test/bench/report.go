@@ -45,7 +45,7 @@ type envInfo struct {
 	Quick      bool      `json:"quick"`
 }
 
-// target is one of issue 11's targets, judged on figures of this run.
+// target is one of the targets of the critical-path work, judged on figures of this run.
 type target struct {
 	Name     string  `json:"name"`
 	Rule     string  `json:"rule"`
@@ -253,7 +253,7 @@ func (r *report) print(out io.Writer) {
 		tw.Flush()
 		return
 	}
-	section("Targets (issue 11; non-target: issue 10)")
+	section("Targets (critical path; non-target writes)")
 	row("target", "rule", "measured", "limit", "result")
 	for _, t := range r.Targets {
 		res := "PASS"

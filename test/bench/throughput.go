@@ -161,7 +161,7 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 }
 
 // judgeThroughput sets the ratios of the four runs and the floor, and judges
-// issue 11's throughput targets.
+// the critical-path work's throughput targets.
 func (r *report) judgeThroughput(t *throughputResult, floor *tputRun, cfg *config) {
 	t.Floor = floor
 	t.FloorOverRawUncontended = ratio(floor.PerSecond, t.Runs[0].PerSecond)

@@ -20,7 +20,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
-// The installation the simulated API server routes by. Issue 12 found that a
+// The installation the simulated API server routes by. The registry-routing work found that a
 // FencedResource could be created for a kind whose writes never reach the
 // acceptance webhook: every write of its target then landed unchecked, and a
 // model that only sends writes to the webhook could not see it. So each

@@ -255,7 +255,7 @@ func TestRegisterModel(t *testing.T) {
 
 // TestUncoveredKindEntries: every schedule registering a kind the webhook
 // configuration does not route has its entry refused by the real
-// FencedResource webhook; admitted anyway (the rule before issue 12's fix),
+// FencedResource webhook; admitted anyway (the rule before the registry-routing work's fix),
 // the oracle reports the entry and the unchecked writes that follow.
 func TestUncoveredKindEntries(t *testing.T) {
 	rep := Run(1, 200, 0, Config{UncoveredKindOneIn: 1}, nil)
