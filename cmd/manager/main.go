@@ -34,6 +34,7 @@ func main() {
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8443", "Address of the Prometheus metrics endpoint (0 disables it).")
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS and only to callers whose token may get the non-resource URL /metrics (TokenReview and SubjectAccessReview); false serves plain HTTP to anyone.")
 	flag.StringVar(&o.MetricsCertDir, "metrics-cert-dir", "", "With --metrics-secure: directory with tls.crt and tls.key for the metrics endpoint (default: a self-signed certificate generated at start).")
+	flag.StringVar(&o.PprofAddr, "pprof-bind-address", "", "Address of net/http/pprof (empty or 0: off). Profiles hold cached objects: bind to loopback (127.0.0.1:6060) and use kubectl port-forward.")
 	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&o.LeaderElect, "leader-elect", true, "Elect a leader; only the leader issues grants, and each new leader starts a new issuer epoch.")
 	flag.StringVar(&o.Namespace, "namespace", locksv1.DefaultNamespace, "Namespace of the signing key, trust bundle, epoch record and leader-election lease.")

@@ -36,6 +36,10 @@ type Options struct {
 	Namespace string
 	// MetricsAddr and ProbeAddr are listen addresses ("0" disables).
 	MetricsAddr, ProbeAddr string
+	// PprofAddr serves net/http/pprof for memory and CPU profiles of a
+	// live replica ("" or "0": off). Bind it to loopback and reach it with
+	// kubectl port-forward: profiles show cached objects.
+	PprofAddr string
 	// MetricsInsecure serves metrics over plain HTTP to anyone who can reach
 	// the port; by default they are HTTPS and need a token allowed to get /metrics.
 	MetricsInsecure bool
@@ -131,6 +135,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		Cache:                         controllers.CacheOptions(o.Namespace),
 		Metrics:                       MetricsOptions(o.MetricsAddr, !o.MetricsInsecure, o.MetricsCertDir),
 		HealthProbeBindAddress:        o.ProbeAddr,
+		PprofBindAddress:              o.PprofAddr,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              locksv1.LeaderElectionID,
 		LeaderElectionNamespace:       o.Namespace,
