@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,18 +55,25 @@ type operatorProcess interface {
 	// Memory reports the operator's memory now (RSS, and its Go heap from
 	// its metrics: a scrape, which at 10,000 entries is no small load).
 	Memory() (memSample, error)
-	// RSS reads only the resident set, from /proc: cheap enough to sample often.
-	RSS() (uint64, error)
+	// Resident reads only the resident set, from /proc: cheap enough to
+	// sample often (Heap stays 0).
+	Resident() (memSample, error)
 	// Metrics scrapes the operator's Prometheus metrics (text format).
 	Metrics(ctx context.Context) (string, error)
+	// HeapProfile is a pprof heap profile of the operator (what holds its memory).
+	HeapProfile(ctx context.Context) ([]byte, error)
 	Stop() error
 	Describe() string
 }
 
 type memSample struct {
-	// RSS and HWM (peak RSS) in bytes, from /proc/<pid>/status; Heap is the Go heap in use.
-	RSS, HWM, Heap uint64
-	Source         string
+	// RSS and HWM (peak RSS) in bytes, from /proc/<pid>/status; Anon and
+	// File split RSS into anonymous memory (what the process allocated) and
+	// mapped file pages (its binary's code and data as far as they were
+	// touched: bounded by the binary's size, reclaimable by the kernel).
+	// Heap is the Go heap in use.
+	RSS, HWM, Anon, File, Heap uint64
+	Source                     string
 }
 
 // startEnv starts etcd, kube-apiserver and the operator.
@@ -242,6 +250,7 @@ func (e *env) waitIssuing(ctx context.Context) error {
 type subprocess struct {
 	cmd         *exec.Cmd
 	metricsAddr string
+	pprofAddr   string
 	certDir     string
 	done        chan error
 	logFile     *os.File
@@ -280,7 +289,7 @@ var errPortTaken = errors.New("a port picked for the operator was taken")
 // the webhook configurations pointing at it (replacing an earlier launch's),
 // and returns once its webhooks answer and its readiness probe passes.
 func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, bin string) (*subprocess, error) {
-	var ports [3]int
+	var ports [4]int
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -288,7 +297,7 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 		}
 		ports[i] = p
 	}
-	webhookPort, metricsPort, probePort := ports[0], ports[1], ports[2]
+	webhookPort, metricsPort, probePort, pprofPort := ports[0], ports[1], ports[2], ports[3]
 	if err := cp.InstallWebhooks(ctx, "127.0.0.1", webhookPort); err != nil {
 		return nil, err
 	}
@@ -314,13 +323,14 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 	if err != nil {
 		return nil, err
 	}
-	s := &subprocess{metricsAddr: fmt.Sprintf("127.0.0.1:%d", metricsPort), certDir: dir, done: make(chan error, 1), logFile: logFile}
+	s := &subprocess{metricsAddr: fmt.Sprintf("127.0.0.1:%d", metricsPort), pprofAddr: fmt.Sprintf("127.0.0.1:%d", pprofPort), certDir: dir, done: make(chan error, 1), logFile: logFile}
 	probeAddr := fmt.Sprintf("127.0.0.1:%d", probePort)
 	s.cmd = exec.Command(bin,
 		"--self-signed-certs", "--webhook-hosts=127.0.0.1,localhost",
 		"--webhook-port="+strconv.Itoa(webhookPort), "--webhook-cert-dir="+filepath.Join(dir, "certs"),
 		// The harness scrapes its own operator on loopback: plain HTTP.
 		"--metrics-bind-address="+s.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address="+probeAddr,
+		"--pprof-bind-address="+s.pprofAddr,
 		"--webhook-configuration="+locksv1.WebhookConfigurationName,
 		fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.maxReconciles))
 	s.cmd.Env = append(os.Environ(), "KUBECONFIG="+kcPath)
@@ -402,13 +412,17 @@ func (s *subprocess) Memory() (memSample, error) {
 	return m, nil
 }
 
-func (s *subprocess) RSS() (uint64, error) {
-	m, err := procMemory(s.cmd.Process.Pid)
-	return m.RSS, err
+func (s *subprocess) Resident() (memSample, error) {
+	return procMemory(s.cmd.Process.Pid)
 }
 
 func (s *subprocess) Metrics(ctx context.Context) (string, error) {
 	return httpGet(ctx, "http://"+s.metricsAddr+"/metrics")
+}
+
+func (s *subprocess) HeapProfile(ctx context.Context) ([]byte, error) {
+	p, err := httpGet(ctx, "http://"+s.pprofAddr+"/debug/pprof/heap?gc=1")
+	return []byte(p), err
 }
 
 func (s *subprocess) Stop() error {
@@ -448,6 +462,13 @@ func startInProcess(ctx context.Context, cp *localcp.ControlPlane, cfg *config) 
 	return &inProcess{op: op, metricsAddr: addr}, nil
 }
 
+func (p *inProcess) HeapProfile(context.Context) ([]byte, error) {
+	runtime.GC()
+	var b bytes.Buffer
+	err := pprof.Lookup("heap").WriteTo(&b, 0)
+	return b.Bytes(), err
+}
+
 func (p *inProcess) Describe() string {
 	return "in this process (internal/localcp.RunOperator); memory is the whole bench process's"
 }
@@ -461,9 +482,8 @@ func (p *inProcess) Memory() (memSample, error) {
 	return m, err
 }
 
-func (p *inProcess) RSS() (uint64, error) {
-	m, err := procMemory(os.Getpid())
-	return m.RSS, err
+func (p *inProcess) Resident() (memSample, error) {
+	return procMemory(os.Getpid())
 }
 
 func (p *inProcess) Metrics(ctx context.Context) (string, error) {
@@ -493,6 +513,10 @@ func procMemory(pid int) (memSample, error) {
 			m.RSS = kb << 10
 		case "VmHWM:":
 			m.HWM = kb << 10
+		case "RssAnon:":
+			m.Anon = kb << 10
+		case "RssFile:":
+			m.File = kb << 10
 		}
 	}
 	return m, sc.Err()

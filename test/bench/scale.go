@@ -81,7 +81,8 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 				// /proc only: scraping the operator's metrics four times a
 				// second made it allocate ~30 MB/s at 10,000 entries, and
 				// its garbage collections showed up in the handoff tail.
-				if rss, err := e.op.RSS(); err == nil {
+				if m, err := e.op.Resident(); err == nil {
+					rss := m.RSS
 					for {
 						old := peak.Load()
 						if rss <= old || peak.CompareAndSwap(old, rss) {

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -34,6 +36,9 @@ type soakConfig struct {
 	attacks map[string]bool
 	// reportTiming prints the timing checks without judging them.
 	reportTiming bool
+	// heapProfiles, when set, is a directory where the operator's heap
+	// profile is written at the end of every window.
+	heapProfiles string
 }
 
 // The tenant's attacks, by -soak-attacks name.
@@ -83,6 +88,7 @@ func (c *soakConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.reportTiming, "soak-report-timing", false, "Soak: print the timing checks (handoff p99, issuing rate, honest wait) as REPORTED instead of judging them (TestQuickSoak: a short run on a shared machine has too few samples; make soak judges them).")
 	fs.IntVar(&c.bigGrants, "soak-big-grants", 1000, "Soak: LockGrants carrying the largest annotation admission allows, queued in the tenant's namespace during the hostile windows.")
 	fs.DurationVar(&c.collectWait, "soak-collect-wait", 13*time.Minute, "Soak: how long to wait after cleanup for the operator's target-claim collector (a pass every 10 min; claims older than 2 min). When its pass is due later, the claim check says INCONCLUSIVE.")
+	fs.StringVar(&c.heapProfiles, "soak-heap-profiles", "", "Soak: a directory where the operator's heap profile is written at the end of every window (<n>-<kind>.pb.gz; read with go tool pprof): what holds its memory.")
 	fs.DurationVar(&c.settle, "soak-settle", 30*time.Second, "Soak: how long operator RSS is sampled after cleanup, with no traffic, before the leftover check (it goes on during the collector wait).")
 }
 
@@ -241,6 +247,32 @@ func (s *soakRun) endWindow(w soakWindow, before cpuSample) {
 		w.MachineBusy = round2((after.machineBusy - before.machineBusy) / all)
 	}
 	s.res.Windows = append(s.res.Windows, w)
+	s.saveHeapProfile(len(s.res.Windows), w.Kind)
+}
+
+// saveHeapProfile writes the operator's heap profile when -soak-heap-profiles asks.
+func (s *soakRun) saveHeapProfile(n int, kind string) {
+	if s.cfg.heapProfiles == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := s.e.op.HeapProfile(ctx)
+	if err == nil {
+		err = os.MkdirAll(s.cfg.heapProfiles, 0o755)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(s.cfg.heapProfiles, fmt.Sprintf("%02d-%s.pb.gz", n, kind)), p, 0o644)
+	}
+	if err != nil {
+		fmt.Fprintf(s.log, "   heap profile after window %d: %v\n", n, err)
+	}
+	if text, err := s.e.op.Metrics(ctx); err == nil {
+		m := parseMetrics(text)
+		fmt.Fprintf(s.log, "   operator after window %d: goroutines %.0f, heap in use %.1f MiB, idle %.1f MiB (released %.1f), stacks %.1f MiB, next GC %.1f MiB, sys %.1f MiB\n", n,
+			m["go_goroutines"], m["go_memstats_heap_inuse_bytes"]/(1<<20), m["go_memstats_heap_idle_bytes"]/(1<<20), m["go_memstats_heap_released_bytes"]/(1<<20),
+			m["go_memstats_stack_inuse_bytes"]/(1<<20), m["go_memstats_next_gc_bytes"]/(1<<20), m["go_memstats_sys_bytes"]/(1<<20))
+	}
 }
 
 // cleanup deletes everything the tenant created and waits until the
@@ -260,8 +292,8 @@ func (s *soakRun) sampleMemory(ctx context.Context) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if rss, err := s.e.op.RSS(); err == nil {
-			s.rec.rss(time.Now(), rss)
+		if m, err := s.e.op.Resident(); err == nil {
+			s.rec.rss(time.Now(), m)
 		}
 		select {
 		case <-ctx.Done():

@@ -160,9 +160,10 @@ func (r *soakResult) checkOdd() soakCheck {
 }
 
 func (r *soakResult) checkGrowth() soakCheck {
-	m := r.Memory
-	c := soakCheck{Name: "operator RSS growth", Rule: fmt.Sprintf("peak − quiet start ≤ %d MiB", rssGrowthLimitMiB),
-		Measured: fmt.Sprintf("%s MiB (%s → %s, peak in a %s window)", fmtF(m.GrowthMiB), fmtF(m.QuietStartMiB), fmtF(m.PeakMiB), m.PeakWindow)}
+	m, t := r.Memory.Anon, r.Memory.RSS
+	c := soakCheck{Name: "operator memory growth", Rule: fmt.Sprintf("anonymous RSS: peak − quiet start ≤ %d MiB", rssGrowthLimitMiB),
+		Measured: fmt.Sprintf("%s MiB (%s → %s, peak in a %s window; RSS with binary pages %s → %s)", fmtF(m.GrowthMiB), fmtF(m.QuietStartMiB), fmtF(m.PeakMiB), m.PeakWindow,
+			fmtF(t.QuietStartMiB), fmtF(t.PeakMiB))}
 	switch {
 	case m.PeakMiB == 0:
 		c.Result = verdictInconclusive
@@ -175,8 +176,8 @@ func (r *soakResult) checkGrowth() soakCheck {
 }
 
 func (r *soakResult) checkClimb() soakCheck {
-	m := r.Memory
-	c := soakCheck{Name: "operator RSS after cleanup", Rule: fmt.Sprintf("no climb without traffic: last − first ≤ %d MiB", rssClimbLimitMiB)}
+	m := r.Memory.Anon
+	c := soakCheck{Name: "operator memory after cleanup", Rule: fmt.Sprintf("anonymous RSS, no climb without traffic: last − first ≤ %d MiB", rssClimbLimitMiB)}
 	if m.AfterCleanupSamples < 10 {
 		c.Result, c.Measured = verdictInconclusive, fmt.Sprintf("%d samples", m.AfterCleanupSamples)
 		return c

@@ -13,11 +13,11 @@ import (
 func (x *soakResult) print(out io.Writer, section func(string), row func(...any), flush func()) {
 	section(fmt.Sprintf("Soak: honest workers beside a hostile tenant (%s hostile in %d windows, attacks %s; tenant %s; workers %s)",
 		x.HostileTime, x.WindowsAsked, x.Attacks, x.Tenant, x.HonestIdentity))
-	row("window", "kind", "s", "grants/s", "honest handoffs", "handoff p50 ms", "p99 ms", "max ms", "wait p99 ms", "refused", "operator RSS MiB", "target claims",
+	row("window", "kind", "s", "grants/s", "honest handoffs", "handoff p50 ms", "p99 ms", "max ms", "wait p99 ms", "refused", "operator RSS (anon) MiB", "target claims",
 		"CPU % apiserver/etcd/operator/bench", "machine busy %")
 	for i, w := range x.Windows {
 		c := w.CPUPercent
-		row(i, w.Kind, round2(w.End.Sub(w.Start).Seconds()), w.IssuedPerSecond, w.Handoffs.N, w.Handoffs.P50, w.Handoffs.P99, w.Handoffs.Max, w.Waits.P99, w.Refused, w.RSSEndMiB, w.Claims,
+		row(i, w.Kind, round2(w.End.Sub(w.Start).Seconds()), w.IssuedPerSecond, w.Handoffs.N, w.Handoffs.P50, w.Handoffs.P99, w.Handoffs.Max, w.Waits.P99, w.Refused, fmt.Sprintf("%s (%s)", fmtF(w.RSSEndMiB), fmtF(w.AnonEndMiB)), w.Claims,
 			fmt.Sprintf("%.0f/%.0f/%.0f/%.0f", c["kube-apiserver"], c["etcd"], c["manager"], c["bench"]), 100*w.MachineBusy)
 	}
 	flush()
@@ -35,10 +35,14 @@ func (x *soakResult) print(out io.Writer, section func(string), row func(...any)
 	fmt.Fprintf(out, "honest acquisitions: %d served, %d refused %s; write/release failures: %s\n",
 		x.Acquisitions.Served, x.Acquisitions.Refused, countsText(x.Acquisitions.Reasons), countsText(x.WriteFailures))
 	x.printInputs(out, section, row, flush)
-	m := x.Memory
-	fmt.Fprintf(out, "operator RSS: %s MiB at the first quiet window, peak %s MiB (%s window), growth %s MiB; after cleanup %s → %s MiB (%d samples); kube-apiserver %s MiB, etcd %s MiB at the end\n",
-		fmtF(m.QuietStartMiB), fmtF(m.PeakMiB), m.PeakWindow, fmtF(m.GrowthMiB), fmtF(m.AfterCleanupFirstMiB), fmtF(m.AfterCleanupLastMiB),
-		m.AfterCleanupSamples, fmtF(m.APIServerEndMiB), fmtF(m.EtcdEndMiB))
+	for _, m := range []struct {
+		name string
+		c    rssCourse
+	}{{"operator anonymous RSS", x.Memory.Anon}, {"operator RSS (with binary pages)", x.Memory.RSS}} {
+		fmt.Fprintf(out, "%s: %s MiB at the first quiet window, peak %s MiB (%s window), growth %s MiB; after cleanup %s → %s MiB (%d samples)\n",
+			m.name, fmtF(m.c.QuietStartMiB), fmtF(m.c.PeakMiB), m.c.PeakWindow, fmtF(m.c.GrowthMiB), fmtF(m.c.AfterCleanupFirstMiB), fmtF(m.c.AfterCleanupLastMiB), m.c.AfterCleanupSamples)
+	}
+	fmt.Fprintf(out, "kube-apiserver %s MiB, etcd %s MiB at the end\n", fmtF(x.Memory.APIServerEndMiB), fmtF(x.Memory.EtcdEndMiB))
 	l := x.Leases
 	fmt.Fprintf(out, "operator namespace: %d own Leases, %d leftover target claims, other leftovers %v (waited %s for the collector, its pass due %s); target claims peaked at %d\n",
 		l.Own, l.LeftoverClaims, l.Leftover, l.Waited, l.CollectorDue.Format("15:04:05"), x.ClaimsPeak)

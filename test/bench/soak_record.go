@@ -52,8 +52,8 @@ type refusal struct {
 }
 
 type rssPoint struct {
-	at  time.Time
-	rss uint64
+	at        time.Time
+	rss, anon uint64
 }
 
 type claimPoint struct {
@@ -112,10 +112,10 @@ func (r *soakRecorder) writeFailed(what string) {
 	r.writeFailures[what]++
 }
 
-func (r *soakRecorder) rss(at time.Time, rss uint64) {
+func (r *soakRecorder) rss(at time.Time, m memSample) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.rssPoints = append(r.rssPoints, rssPoint{at, rss})
+	r.rssPoints = append(r.rssPoints, rssPoint{at, m.RSS, m.Anon})
 }
 
 func (r *soakRecorder) claims(at time.Time, n int) {

@@ -57,7 +57,7 @@ func TestQuickSoak(t *testing.T) {
 		"entry churn creates":     s.Inputs.Churn.Created.Attempts,
 		"odd-input cases":         len(s.Inputs.Odd),
 		"wrong-pod attempts":      len(s.Inputs.WrongPod),
-		"operator RSS samples":    s.Memory.AfterCleanupSamples,
+		"operator RSS samples":    s.Memory.Anon.AfterCleanupSamples,
 	} {
 		if n == 0 {
 			t.Errorf("%s: none measured", what)

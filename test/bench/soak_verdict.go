@@ -86,6 +86,7 @@ type soakWindow struct {
 	LastFence       int64   `json:"last_fence"`
 	Refused         int     `json:"honest_refused"`
 	RSSEndMiB       float64 `json:"operator_rss_end_mib"`
+	AnonEndMiB      float64 `json:"operator_anon_end_mib"`
 	Claims          int     `json:"target_claims_end"`
 	// CPUPercent: each process's CPU time in the window, in % of one core
 	// (kube-apiserver, etcd, manager: the operator, bench: this process's
@@ -202,7 +203,21 @@ type oddCaseResult struct {
 	UnservableWhy string `json:"unservable_why,omitempty"`
 }
 
+// soakMemory is the operator's resident memory over the soak: Anon, the
+// anonymous memory it allocated (judged), and RSS, which adds the pages of
+// its binary it has touched (shown): those grow as code paths run for the
+// first time (the tenant's odd inputs reach many), are bounded by the
+// binary's size whatever the tenants do, and are reclaimable by the kernel.
 type soakMemory struct {
+	RSS             rssCourse `json:"rss"`
+	Anon            rssCourse `json:"anon"`
+	APIServerEndMiB float64   `json:"kube_apiserver_end_mib"`
+	EtcdEndMiB      float64   `json:"etcd_end_mib"`
+}
+
+// rssCourse is one memory figure: at the first quiet window, its peak from
+// then on, and after cleanup.
+type rssCourse struct {
 	QuietStartMiB float64 `json:"quiet_start_mib"`
 	PeakMiB       float64 `json:"peak_mib"`
 	PeakWindow    string  `json:"peak_window"`
@@ -212,8 +227,6 @@ type soakMemory struct {
 	AfterCleanupFirstMiB float64 `json:"after_cleanup_first_mib"`
 	AfterCleanupLastMiB  float64 `json:"after_cleanup_last_mib"`
 	AfterCleanupSamples  int     `json:"after_cleanup_samples"`
-	APIServerEndMiB      float64 `json:"kube_apiserver_end_mib"`
-	EtcdEndMiB           float64 `json:"etcd_end_mib"`
 }
 
 type soakLeases struct {
@@ -388,7 +401,7 @@ func (r *soakResult) windowFigures(rec *soakRecorder, handoffs, waits []timedSam
 		}
 		for _, p := range rec.rssPoints {
 			if p.at.Before(win.End) {
-				win.RSSEndMiB = mib(p.rss)
+				win.RSSEndMiB, win.AnonEndMiB = mib(p.rss), mib(p.anon)
 			}
 		}
 		for _, c := range rec.claimPoints {
@@ -407,8 +420,8 @@ func flat(xs [][]time.Duration) []time.Duration {
 	return out
 }
 
-// memory: RSS at the start of the first quiet window, its peak from then
-// on, and its course after cleanup.
+// memory: RSS and anonymous memory at the start of the first quiet window,
+// their peaks from then on, and their course after cleanup.
 func (r *soakResult) memory(points []rssPoint) {
 	var from, settle time.Time
 	for _, w := range r.Windows {
@@ -419,13 +432,18 @@ func (r *soakResult) memory(points []rssPoint) {
 			settle = w.Start
 		}
 	}
-	m := &r.Memory
+	r.Memory.RSS = r.course(points, from, settle, func(p rssPoint) uint64 { return p.rss })
+	r.Memory.Anon = r.course(points, from, settle, func(p rssPoint) uint64 { return p.anon })
+}
+
+func (r *soakResult) course(points []rssPoint, from, settle time.Time, figure func(rssPoint) uint64) rssCourse {
+	var m rssCourse
 	var after []float64
 	for _, p := range points {
 		if p.at.Before(from) {
 			continue
 		}
-		v := mib(p.rss)
+		v := mib(figure(p))
 		if m.QuietStartMiB == 0 {
 			m.QuietStartMiB = v
 		}
@@ -445,6 +463,7 @@ func (r *soakResult) memory(points []rssPoint) {
 	if len(after) >= 10 {
 		m.AfterCleanupFirstMiB, m.AfterCleanupLastMiB = round2(mean(after[:5])), round2(mean(after[len(after)-5:]))
 	}
+	return m
 }
 
 func mean(xs []float64) float64 {
