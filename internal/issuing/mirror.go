@@ -148,6 +148,9 @@ func TerminalStatus(cur locksv1.LockGrantStatus, phase locksv1.LockGrantPhase, r
 // that matters: it compares statuses ignoring condition transition times, and
 // refuses to let a held grant's expiry or renewals move backwards.
 func SameGrantStatus(cur, want locksv1.LockGrantStatus) bool {
+	if cur.Phase != want.Phase {
+		return false // a change of phase, without copies
+	}
 	a, b := cur.DeepCopy(), want.DeepCopy()
 	for i := range a.Conditions {
 		a.Conditions[i].LastTransitionTime = metav1.Time{}

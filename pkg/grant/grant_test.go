@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -229,4 +230,19 @@ func TestLeaseAdmits(t *testing.T) {
 			t.Errorf("LeaseAdmits(%q, %q) = %v, want %v", c.lease, c.pod, got, c.want)
 		}
 	}
+}
+
+// IsDigest agrees with the form's regular expression on every input.
+func FuzzIsDigest(f *testing.F) {
+	re := regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	for _, s := range []string{"", "sha256:", "sha256:" + strings.Repeat("a", 64), "sha256:" + strings.Repeat("A", 64),
+		"sha256:" + strings.Repeat("0", 63), "sha256:" + strings.Repeat("f", 65), "sha512:" + strings.Repeat("0", 64),
+		"sha256:" + strings.Repeat("0", 63) + "g", "sha256:" + strings.Repeat("0", 63) + "\n", "ü"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := IsDigest(s), re.MatchString(s); got != want {
+			t.Fatalf("IsDigest(%q) = %v, the form says %v", s, got, want)
+		}
+	})
 }
