@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -220,7 +221,8 @@ func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedRe
 }
 
 // mirror records a committed decision: its Events first (nothing later may
-// lose them), then the LockGrant statuses in the decided order, then finalizers.
+// lose them), then the handoff's LockGrant statuses in the decided order (the
+// holder's end before the new holder), then a bounded batch of bookkeeping.
 func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d *issuing.Decision) (ctrl.Result, error) {
 	fr := in.Resource
 	byName := map[string]*locksv1.LockGrant{}
@@ -237,7 +239,8 @@ func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d
 		r.Recorder.Eventf(regarding, fr, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
 	statuses, heldDue := r.holds.due(d.GrantStatus, byName)
-	for _, c := range statuses {
+	handoff, rest := splitHandoff(statuses, byName)
+	for _, c := range handoff {
 		lg := byName[c.Name]
 		if err := r.patchGrant(ctx, lg, true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
@@ -248,24 +251,123 @@ func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d
 		}
 		r.holds.wrote(lg, c.Status)
 	}
-	retry := false
-	for _, name := range d.RemoveFinalizer {
-		err := r.patchGrant(ctx, byName[name], false, removeFinalizer)
-		if retry, err = retryable(retry, err); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	for _, name := range d.AddFinalizer {
-		err := r.patchGrant(ctx, byName[name], false, func(lg *locksv1.LockGrant) { lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer) })
-		if retry, err = retryable(retry, err); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if retry {
+	retry, more, err := r.bookkeeping(ctx, bookkeepingWrites(rest, d, byName))
+	switch {
+	case err != nil:
+		return ctrl.Result{}, err
+	case retry:
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	case more:
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 	}
 	// A deferred phase is written at heldDue, unless the decision then ends it.
 	return ctrl.Result{RequeueAfter: soonest(d.RequeueAfter, heldDue)}, nil
+}
+
+// The bookkeeping of one pass (statuses of waiters and requests that never
+// held, finalizers) is bounded and written a few at a time: a pass is what a
+// release waits for, and a tenant queueing or deleting thousands of requests
+// on a lock must not make it long. What is left over is the next pass's.
+const (
+	bookkeepingPerPass  = 16
+	bookkeepingParallel = 4
+)
+
+// splitHandoff separates the statuses whose order matters (a holder's end and
+// the new holder: the ended one lands first) from the rest, keeping order.
+func splitHandoff(statuses []issuing.GrantStatus, byName map[string]*locksv1.LockGrant) (handoff, rest []issuing.GrantStatus) {
+	for _, c := range statuses {
+		if lg := byName[c.Name]; c.Status.Phase == locksv1.PhaseHeld || (lg != nil && lg.Status.Phase == locksv1.PhaseHeld) {
+			handoff = append(handoff, c)
+		} else {
+			rest = append(rest, c)
+		}
+	}
+	return handoff, rest
+}
+
+// grantWrite is a bookkeeping write to a LockGrant: its status (when status
+// is set), else a finalizer change.
+type grantWrite struct {
+	status *locksv1.LockGrantStatus
+	mutate func(*locksv1.LockGrant)
+}
+
+// grantWrites are the bookkeeping writes to one LockGrant, in order: each is
+// conditioned on the resourceVersion the one before produced.
+type grantWrites struct {
+	lg     *locksv1.LockGrant
+	writes []grantWrite
+}
+
+// bookkeepingWrites groups the statuses, then the finalizer removals and
+// additions of a decision by LockGrant, in the order first met.
+func bookkeepingWrites(statuses []issuing.GrantStatus, d *issuing.Decision, byName map[string]*locksv1.LockGrant) []grantWrites {
+	var out []grantWrites
+	at := map[string]int{}
+	add := func(name string, w grantWrite) {
+		if byName[name] == nil {
+			return
+		}
+		i, ok := at[name]
+		if !ok {
+			i, at[name] = len(out), len(out)
+			out = append(out, grantWrites{lg: byName[name]})
+		}
+		out[i].writes = append(out[i].writes, w)
+	}
+	for _, c := range statuses {
+		st := c.Status
+		add(c.Name, grantWrite{status: &st, mutate: func(lg *locksv1.LockGrant) { lg.Status = st }})
+	}
+	for _, name := range d.RemoveFinalizer {
+		add(name, grantWrite{mutate: removeFinalizer})
+	}
+	for _, name := range d.AddFinalizer {
+		add(name, grantWrite{mutate: addFinalizer})
+	}
+	return out
+}
+
+// bookkeeping writes to up to bookkeepingPerPass LockGrants,
+// bookkeepingParallel at a time (one LockGrant's writes in order). retry: a
+// write met a conflict; more: some LockGrants were left for the next pass.
+func (r *GrantIssuerReconciler) bookkeeping(ctx context.Context, grants []grantWrites) (retry, more bool, err error) {
+	if more = len(grants) > bookkeepingPerPass; more {
+		grants = grants[:bookkeepingPerPass]
+	}
+	errs := make([]error, len(grants))
+	sem := make(chan struct{}, bookkeepingParallel)
+	var wg sync.WaitGroup
+	for i, g := range grants {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = r.writeGrant(ctx, g)
+		}()
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if retry, err = retryable(retry, e); err != nil {
+			return false, false, err
+		}
+	}
+	return retry, more, nil
+}
+
+// writeGrant applies one LockGrant's bookkeeping writes in order, stopping at
+// the first that fails.
+func (r *GrantIssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error {
+	for _, w := range g.writes {
+		if err := r.patchGrant(ctx, g.lg, w.status != nil, w.mutate); err != nil {
+			return err
+		}
+		if w.status != nil {
+			r.holds.wrote(g.lg, *w.status)
+		}
+	}
+	return nil
 }
 
 // soonest is the earlier of two requeue delays, 0 meaning none.
@@ -280,7 +382,11 @@ func removeFinalizer(lg *locksv1.LockGrant) {
 	lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
 }
 
-// retryable folds a finalizer patch's outcome: a LockGrant that is gone
+func addFinalizer(lg *locksv1.LockGrant) {
+	lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer)
+}
+
+// retryable folds a bookkeeping write's outcome: a LockGrant that is gone
 // needs nothing, a conflict is retried later, anything else is an error.
 func retryable(retry bool, err error) (bool, error) {
 	switch {
