@@ -133,12 +133,12 @@ func validateUniqueTarget(fr *locksv1.FencedResource, others []locksv1.FencedRes
 // validateFloorAboveTarget refuses an entry that would issue fences its target
 // already accepted (a deleted and re-created entry starts again at fence 1).
 // Only a genuine grant of this resource counts, as in the acceptance webhook
-// (bound): fence state anyone could plant on the object before it had an
+// (fence.VerifiesFor): fence state anyone could plant on the object before it had an
 // entry (fence 2^63-1, a bogus proof) once made its entry impossible to
 // create, whatever floor the schema allows.
 func validateFloorAboveTarget(fr *locksv1.FencedResource, fenceAnnotation string, bundle *grant.TrustBundle) field.ErrorList {
 	e, err := fence.ParseEnvelope(fenceAnnotation)
-	if err != nil || !bound(fenceAnnotation, fr, bundle) || e.Grant.FenceToken <= fr.Spec.FenceFloor {
+	if err != nil || !fence.VerifiesFor(fenceAnnotation, fr.Spec.ResourceID, bundle) || e.Grant.FenceToken <= fr.Spec.FenceFloor {
 		return nil
 	}
 	f := e.Grant.FenceToken

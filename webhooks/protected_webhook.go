@@ -27,7 +27,6 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
-	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 // ProtectedPath is where the acceptance webhook is served (its home is
@@ -112,11 +111,13 @@ func IndexTargets(ctx context.Context, indexer client.FieldIndexer) error {
 }
 
 // request is one admission request, decoded: the object it is about (for a
-// subresource, the parent object) and its old and new states.
+// subresource, the parent object), its old and new states, and the write in
+// fence's terms.
 type request struct {
 	admission.Request
 	group, kind, name string
 	oldObj, newObj    *unstructured.Unstructured
+	write             fence.Write
 }
 
 // Handle decides one admission request.
@@ -144,22 +145,11 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 	if err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, err)
 	}
-	reg := registryOf(fr, v.Clock.Now())
-	// Stored state accepted under a key retired since still counts; grants never do.
-	st := trustedState(r.oldObj, fr, stored)
-	var d fence.Decision
-	switch r.SubResource {
-	case "":
-		if d, err = decideObject(r, fr, st, reg, bundle); err != nil {
-			return admission.Errored(http.StatusBadRequest, err)
-		}
-	case "status":
-		d = decideStatus(r.oldObj, r.newObj, fr, st)
-	default:
-		d = fence.Decision{Verdict: fence.FenceRequired, State: st, Message: fmt.Sprintf(
-			"FENCE_REQUIRED: the %s subresource changes the content of a protected object and cannot carry a %s annotation; write the object itself with a fenced segment",
-			r.SubResource, fence.AnnotationFence)}
+	if err := r.digestPayload(); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
 	}
+	// Stored state accepted under a key retired since still counts; grants never do.
+	d, st := fence.DecideWrite(r.write, entryOf(fr), registryOf(fr, v.Clock.Now()), fence.Trust{Grants: bundle, Stored: stored})
 	if d.Verdict == fence.Accepted && r.Operation == admissionv1.Delete && !dryRun(req) {
 		if err := v.rememberDeleted(ctx, fr, r.oldObj, st); err != nil {
 			return admission.Errored(http.StatusServiceUnavailable, err)
@@ -177,7 +167,7 @@ const notProtected = "NOT_PROTECTED"
 // about to become one (or that a webhook replica's cache does not yet know
 // as one — the write is then refused until it does).
 func nonTarget(r *request) admission.Response {
-	if writes, _ := fenceStateChange(r); writes {
+	if writes, _ := r.write.FenceStateChange(); writes {
 		recordDecision(r.Namespace, string(fence.WrongResource), "", true, false)
 		return denied(fence.Decision{Verdict: fence.WrongResource, Message: fmt.Sprintf("WRONG_RESOURCE: no FencedResource names %s %s as its target, and %s and %s annotations are only written to a target (if its FencedResource was just created, retry)",
 			r.kind, r.name, fence.AnnotationFence, fence.AnnotationReceipts)})
@@ -191,7 +181,12 @@ func (v *ProtectedObjectValidator) decode(req admission.Request) (*request, erro
 	if err != nil {
 		return nil, err
 	}
-	r := &request{Request: req, oldObj: oldObj, newObj: newObj, group: req.Kind.Group, kind: req.Kind.Kind, name: req.Name}
+	r := &request{Request: req, oldObj: oldObj, newObj: newObj, group: req.Kind.Group, kind: req.Kind.Kind, name: req.Name,
+		write: fence.Write{Operation: fence.Operation(req.Operation), Subresource: req.SubResource,
+			User: req.UserInfo.Username, Pod: locksv1.RequestPod(req.UserInfo), Old: objectOf(oldObj), New: objectOf(newObj)}}
+	if req.SubResource == "" && oldObj != nil && newObj != nil {
+		r.write.Changed = changed(oldObj, newObj)
+	}
 	if req.SubResource != "" {
 		// The request's kind is the subresource's (Scale); the target is the parent.
 		gvk, err := v.Mapper.KindFor(schema.GroupVersionResource{Group: req.Resource.Group, Version: req.Resource.Version, Resource: req.Resource.Resource})
@@ -280,126 +275,44 @@ func targets(fr *locksv1.FencedResource, key string) bool {
 	return fr.Spec.Target != nil && fr.Spec.Target.Key() == key
 }
 
+// objectOf is an object's state in fence's terms (nil for nil), its payload
+// not yet digested.
+func objectOf(u *unstructured.Unstructured) *fence.Object {
+	if u == nil {
+		return nil
+	}
+	return &fence.Object{Kind: u.GetKind(), Name: u.GetName(), Labels: u.GetLabels(), Annotations: u.GetAnnotations()}
+}
+
+// digestPayload digests the written object's business content, for a write
+// of the object itself (a subresource's object is not the target's content).
+func (r *request) digestPayload() error {
+	if r.SubResource != "" || r.newObj == nil {
+		return nil
+	}
+	payload, err := fence.PayloadDigest(fence.ObjectPayload(r.newObj.Object))
+	if err != nil {
+		return fmt.Errorf("digest of the new content: %w", err)
+	}
+	r.write.New.Payload = payload
+	return nil
+}
+
+// entryOf is what the acceptance point reads of a registry entry.
+func entryOf(fr *locksv1.FencedResource) fence.Entry {
+	e := fence.Entry{Name: fr.Name, ResourceID: fr.Spec.ResourceID, HighestObservedFence: fr.Status.HighestObservedFence}
+	if dt := fr.Status.DeletedTarget; dt != nil {
+		e.DeletedTarget = &fence.State{HighestFence: dt.FenceToken, Root: dt.OperationRoot, LastSegment: dt.Segment, GrantDigest: dt.GrantDigest}
+	}
+	return e
+}
+
 func registryOf(fr *locksv1.FencedResource, now time.Time) fence.Registry {
 	reg := fence.Registry{Now: now, Found: true, ResourceID: fr.Spec.ResourceID, Generation: fr.Generation}
 	if h := fr.Status.Holder; h != nil {
 		reg.Holder = &fence.Holder{Digest: h.Digest, Owner: h.Owner, Lease: h.Lease, RequestID: h.RequestID, Fence: h.FenceToken, ExpiresAt: h.ExpiresAt.Time}
 	}
 	return reg
-}
-
-// decideObject decides a CREATE, UPDATE or DELETE of the object itself.
-func decideObject(r *request, fr *locksv1.FencedResource, st fence.State, reg fence.Registry, bundle *grant.TrustBundle) (fence.Decision, error) {
-	attempt := fence.Attempt{User: r.UserInfo.Username, Pod: locksv1.RequestPod(r.UserInfo), Delete: r.Operation == admissionv1.Delete}
-	if r.newObj != nil {
-		attempt.Changed = r.oldObj == nil || changed(r.oldObj, r.newObj)
-		attempt.Fence = r.newObj.GetAnnotations()[fence.AnnotationFence]
-		payload, err := fence.PayloadDigest(fence.ObjectPayload(r.newObj.Object))
-		if err != nil {
-			return fence.Decision{}, fmt.Errorf("digest of the new content: %w", err)
-		}
-		attempt.Payload = payload
-	}
-	missing := ""
-	if attempt.Changed {
-		missing = protectionRemoved(r.newObj, fr)
-	}
-	removes := missing != "" && r.oldObj != nil && protectionRemoved(r.oldObj, fr) == ""
-	if removes {
-		// Dropping the protection is refused first, whoever asks.
-		return fence.Decision{Verdict: fence.ProtectionRemoved, State: st, Message: "PROTECTION_REMOVED: " + missing}, nil
-	}
-	d := fence.Decide(st, attempt, reg, bundle)
-	if d.Verdict == fence.Accepted && missing != "" {
-		// A fenced write to a target that never carried the marks must add them.
-		return fence.Decision{Verdict: fence.ProtectionRemoved, State: st, Envelope: d.Envelope, Message: "PROTECTION_REMOVED: " + missing}, nil
-	}
-	if d.Verdict == fence.Accepted && r.newObj != nil {
-		d = checkReceiptLog(d, st, r.newObj)
-	}
-	return d, nil
-}
-
-// decideStatus decides a write of a target's status subresource. The API
-// server keeps the stored spec, but what else it keeps is each kind's status
-// strategy's: a custom resource's keeps all of metadata, apps/v1 Deployment's
-// keeps the labels and takes the request's annotations. A status write
-// carries no fence, so it may change none of fencekeeper's own marks:
-// dropping the protection is PROTECTION_REMOVED, any other change of them
-// FENCE_REQUIRED. Status alone carries no business content.
-func decideStatus(oldObj, newObj *unstructured.Unstructured, fr *locksv1.FencedResource, st fence.State) fence.Decision {
-	changes := changedMarks(oldObj, newObj)
-	if len(changes) == 0 {
-		return fence.Decision{Verdict: fence.Unchanged, Message: "UNCHANGED: the status subresource carries no business content", State: st}
-	}
-	if missing := protectionRemoved(newObj, fr); missing != "" && protectionRemoved(oldObj, fr) == "" {
-		return fence.Decision{Verdict: fence.ProtectionRemoved, State: st, Message: "PROTECTION_REMOVED: " + missing + " (a write of the status subresource dropped it)"}
-	}
-	return fence.Decision{Verdict: fence.FenceRequired, State: st, Message: fmt.Sprintf(
-		"FENCE_REQUIRED: a write of the status subresource of %s %s changes %s, which only a fenced write of the object itself may change",
-		newObj.GetKind(), newObj.GetName(), strings.Join(changes, ", "))}
-}
-
-// changedMarks names fencekeeper's own label and annotations that differ
-// between the stored and the written object, in a fixed order.
-func changedMarks(oldObj, newObj *unstructured.Unstructured) []string {
-	var out []string
-	diff := func(what, key string, before, after map[string]string) {
-		b, had := before[key]
-		a, has := after[key]
-		if a != b || had != has {
-			out = append(out, what+" "+key)
-		}
-	}
-	diff("the label", fence.LabelProtected, oldObj.GetLabels(), newObj.GetLabels())
-	for _, k := range []string{fence.AnnotationResource, fence.AnnotationFence, fence.AnnotationReceipts} {
-		diff("the annotation", k, oldObj.GetAnnotations(), newObj.GetAnnotations())
-	}
-	return out
-}
-
-// protectionRemoved says what a target's new state lacks: the protected label
-// and the annotation naming its entry route writes and tell readers the object
-// is fenced, so no write may drop them while the entry exists.
-func protectionRemoved(obj *unstructured.Unstructured, fr *locksv1.FencedResource) string {
-	if obj.GetLabels()[fence.LabelProtected] != "true" {
-		return fmt.Sprintf("%s %s is the target of FencedResource %s and must carry the label %s=true", obj.GetKind(), obj.GetName(), fr.Name, fence.LabelProtected)
-	}
-	if got := obj.GetAnnotations()[fence.AnnotationResource]; got != fr.Name {
-		return fmt.Sprintf("%s %s is the target of FencedResource %s and must carry the annotation %s=%s (it has %q)", obj.GetKind(), obj.GetName(), fr.Name, fence.AnnotationResource, fr.Name, got)
-	}
-	return ""
-}
-
-// trustedState is the fence state the stored object holds, counted only if
-// the acceptance point can have accepted it: its grant verifies and is bound
-// to this entry's resourceID. Anything else — a state planted while the object
-// was nobody's target, a real grant of another resource — counts for nothing:
-// no fence, no receipts (fence.Stamp starts the log over the same way). A new
-// object continues the state its holder deleted. The result never falls below
-// the highest fence the registry saw at the target.
-func trustedState(oldObj *unstructured.Unstructured, fr *locksv1.FencedResource, bundle *grant.TrustBundle) fence.State {
-	var st fence.State
-	switch {
-	case oldObj != nil:
-		ann := oldObj.GetAnnotations()
-		parsed, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-		if err == nil && parsed.Accepted != "" && bound(parsed.Accepted, fr, bundle) {
-			st = parsed
-		}
-	case fr.Status.DeletedTarget != nil:
-		dt := fr.Status.DeletedTarget
-		st = fence.State{HighestFence: dt.FenceToken, Root: dt.OperationRoot, LastSegment: dt.Segment, GrantDigest: dt.GrantDigest}
-	}
-	if fr.Status.HighestObservedFence > st.HighestFence {
-		st = fence.State{HighestFence: fr.Status.HighestObservedFence}
-	}
-	return st
-}
-
-func bound(envelope string, fr *locksv1.FencedResource, bundle *grant.TrustBundle) bool {
-	e, err := fence.ParseEnvelope(envelope)
-	return err == nil && e.Grant.Resource == fr.Spec.ResourceID && bundle.Verify(e.Grant, e.Grant.Digest(), e.Proof) == nil
 }
 
 // rememberDeleted records the deleted target's fence state in the registry
@@ -460,7 +373,7 @@ func (v *ProtectedObjectValidator) respond(r *request, fr *locksv1.FencedResourc
 	if mode == "" {
 		mode = locksv1.EnforcementShadow
 	}
-	if _, changes := fenceStateChange(r); mode == locksv1.EnforcementShadow && !d.Verdict.Allowed() && changes {
+	if _, changes := r.write.FenceStateChange(); mode == locksv1.EnforcementShadow && !d.Verdict.Allowed() && changes {
 		// Shadow lets unfenced content through, never fence state: whatever
 		// the stored annotations say must have been accepted here.
 		mode = locksv1.EnforcementEnforce
@@ -497,29 +410,6 @@ func denied(d fence.Decision) admission.Response {
 	return resp
 }
 
-// fenceStateChange says how a write changes the fence and receipt
-// annotations: writes adds or changes one (to a non-empty value); changes
-// also counts removing one. A status write carries the whole object, whose
-// annotations some kinds store (apps/v1 Deployment); other subresources'
-// objects (a Scale) are not the target's.
-func fenceStateChange(r *request) (writes, changes bool) {
-	if r.newObj == nil || (r.SubResource != "" && r.SubResource != "status") {
-		return false, false
-	}
-	var before map[string]string
-	if r.oldObj != nil {
-		before = r.oldObj.GetAnnotations()
-	}
-	after := r.newObj.GetAnnotations()
-	for _, k := range []string{fence.AnnotationFence, fence.AnnotationReceipts} {
-		if after[k] != before[k] {
-			changes = true
-			writes = writes || after[k] != ""
-		}
-	}
-	return writes, changes
-}
-
 // observe queues what the registry should know: the highest fence the target
 // holds, regressions, and quarantined attempts.
 // The highest fence is taken from the stored object, never from a write not
@@ -549,23 +439,6 @@ func (v *ProtectedObjectValidator) observe(req *request, fr *locksv1.FencedResou
 	case highest > fr.Status.HighestObservedFence:
 		v.Status.observe(key, func(o *observation) { o.highestFence = max(o.highestFence, highest) })
 	}
-}
-
-// checkReceiptLog requires the written receipt log to be the stored log plus
-// the accepted segment, so the business change and its receipt are one write.
-func checkReceiptLog(d fence.Decision, stored fence.State, newObj *unstructured.Unstructured) fence.Decision {
-	got, err := fence.ParseReceipts(newObj.GetAnnotations()[fence.AnnotationReceipts])
-	want := d.State.Receipts
-	if err == nil && reflect.DeepEqual(append([]fence.Receipt{}, got...), append([]fence.Receipt{}, want...)) {
-		return d
-	}
-	detail := "it differs"
-	if err != nil {
-		detail = err.Error()
-	}
-	return fence.Decision{Verdict: fence.ReceiptLogMismatch, State: stored, Envelope: d.Envelope, Message: fmt.Sprintf(
-		"RECEIPT_LOG_MISMATCH: the %s annotation must be the stored log plus this segment's receipt %s (newest %d kept); %s",
-		fence.AnnotationReceipts, d.Receipt, fence.MaxReceipts, detail)}
 }
 
 // changed reports whether an update changes anything but server-managed metadata.

@@ -41,8 +41,7 @@ const (
 	// that does not come from that grant's owner.
 	DeleteNotDeclared Verdict = "DELETE_NOT_DECLARED"
 	// ProtectionRemoved: a write that removes the protection label or the
-	// fencekeeper.dev/resource annotation of a target while its entry is in
-	// Enforce (decided by the webhook, which knows the registry's targets).
+	// fencekeeper.dev/resource annotation of a target (DecideWrite).
 	ProtectionRemoved Verdict = "PROTECTION_REMOVED"
 )
 

@@ -3,10 +3,15 @@
 // state the resource already holds, the signed grant the caller presents, the
 // caller's identity, the trust bundle and a linearizable view of the registry.
 //
-// It has no Kubernetes imports. The admission webhook, the worker client, the
-// simulator and any future database adapter all call Decide, so there is one
-// implementation of the rules in DESIGN.md ("Fenced writes to protected
-// objects"), in the order given there.
+// It has no Kubernetes imports. DecideWrite decides a write to a protected
+// object from plain inputs (its old and new marks, operation and
+// subresource, the entry's facts, the registry read, the trust bundles):
+// every verdict of the contract, which stored state to trust and the
+// receipt-log check included. Decide, within it, applies the grant and fence
+// rules in the contract's order; a store of another kind applies them too.
+// The admission webhook gathers, calls DecideWrite and responds; the
+// simulator drives that webhook, the benchmarks call DecideWrite, and the
+// worker client builds what it sends with Stamp.
 package fence
 
 import (

@@ -5,7 +5,7 @@
 // (the FencedResource, its LockGrants and the trust bundle) whose issuer is the
 // issuer's real decision (issuing.Decide), an in-memory protected ConfigMap whose every
 // write goes through the real admission webhook
-// (webhooks.ProtectedObjectValidator.Handle, which calls fence.Decide), and a
+// (webhooks.ProtectedObjectValidator.Handle, which calls fence.DecideWrite), and a
 // few workers that follow DESIGN.md's client rules (REQUESTED, HELD, RENEWING,
 // OWNERSHIP_UNKNOWN, EXPIRED, RELEASED; MUTATION_UNKNOWN resolved from
 // receipts). Every message between them travels through a network the seeded

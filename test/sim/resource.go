@@ -316,7 +316,7 @@ func verdictOf(resp admission.Response) (fence.Verdict, string) {
 	return fence.Verdict(code), msg
 }
 
-// The webhook's verdict labels of writes it lets through without fence.Decide.
+// The webhook's verdict labels of writes it lets through without fence.DecideWrite.
 const (
 	verdictNotProtected fence.Verdict = "NOT_PROTECTED"
 	verdictTeardown     fence.Verdict = "NAMESPACE_TEARDOWN"
