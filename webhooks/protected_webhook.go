@@ -145,7 +145,7 @@ func (v *ProtectedObjectValidator) Handle(ctx context.Context, req admission.Req
 	if err != nil {
 		return admission.Errored(http.StatusServiceUnavailable, err)
 	}
-	if err := r.digestPayload(); err != nil {
+	if err := r.compareContent(); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	// Stored state accepted under a key retired since still counts; grants never do.
@@ -184,9 +184,6 @@ func (v *ProtectedObjectValidator) decode(req admission.Request) (*request, erro
 	r := &request{Request: req, oldObj: oldObj, newObj: newObj, group: req.Kind.Group, kind: req.Kind.Kind, name: req.Name,
 		write: fence.Write{Operation: fence.Operation(req.Operation), Subresource: req.SubResource,
 			User: req.UserInfo.Username, Pod: locksv1.RequestPod(req.UserInfo), Old: objectOf(oldObj), New: objectOf(newObj)}}
-	if req.SubResource == "" && oldObj != nil && newObj != nil {
-		r.write.Changed = changed(oldObj, newObj)
-	}
 	if req.SubResource != "" {
 		// The request's kind is the subresource's (Scale); the target is the parent.
 		gvk, err := v.Mapper.KindFor(schema.GroupVersionResource{Group: req.Resource.Group, Version: req.Resource.Version, Resource: req.Resource.Resource})
@@ -284,12 +281,15 @@ func objectOf(u *unstructured.Unstructured) *fence.Object {
 	return &fence.Object{Kind: u.GetKind(), Name: u.GetName(), Labels: u.GetLabels(), Annotations: u.GetAnnotations()}
 }
 
-// digestPayload digests the written object's business content, for a write
-// of the object itself (a subresource's object is not the target's content).
-func (r *request) digestPayload() error {
+// compareContent digests the written object's business content and says
+// whether an update changes it, for a write of the object itself (a
+// subresource's object is not the target's content). Only a target's writes
+// get here: both cost a copy of the object.
+func (r *request) compareContent() error {
 	if r.SubResource != "" || r.newObj == nil {
 		return nil
 	}
+	r.write.Changed = r.oldObj != nil && changed(r.oldObj, r.newObj)
 	payload, err := fence.PayloadDigest(fence.ObjectPayload(r.newObj.Object))
 	if err != nil {
 		return fmt.Errorf("digest of the new content: %w", err)
