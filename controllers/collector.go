@@ -24,7 +24,7 @@ const DefaultEndedGrantRetention = time.Hour
 // nor every replica's cache grows with each acquisition ever made. A
 // LockGrant that records a write whose outcome is unknown is kept until that
 // record is resolved: it is what ReconciliationRequired points an on-call
-// person to. Deleting an ended LockGrant changes no decision (issuing.Active);
+// person to. Deleting an ended LockGrant changes no decision (issuer.Active);
 // its requestID may then be used again by a new request.
 //
 // The time is counted from when the leading replica first saw the LockGrant

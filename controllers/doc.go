@@ -1,27 +1,40 @@
 // Package controllers holds fencekeeper's reconcilers. Only the elected
 // leader runs them (every replica serves the webhooks).
 //
-//   - Issuer (issuer.go) is the leader's issuing identity: on becoming leader
-//     it loads (or on first start creates) the signing key and trust bundle,
-//     increments the issuer epoch by compare-and-swap on its record, and gates
-//     every reconciler until then.
-//   - GrantIssuerReconciler (issuer_controller.go) runs the lease lifecycle of
+// The issuer is three pieces with one name: its pure decision
+// (internal/rules/issuer), its identity here, and the reconciler that applies
+// the decision.
+//
+//   - IssuerIdentity (issuer_identity.go) is the leader's signing identity:
+//     on becoming leader it loads (or on first start creates) the signing key
+//     and trust bundle, increments the issuer epoch by compare-and-swap on its
+//     record, and gates every reconciler until then.
+//   - IssuerReconciler (issuer_controller.go) runs the lease lifecycle of
 //     one FencedResource at a time: gather (cache, plus uncached reads where a
-//     stale view could issue a fence twice) → decide (internal/issuing.Decide,
-//     pure, confirmed by DecideConfirmed's reads around the cache) → commit
+//     stale view could issue a fence twice) → decide (issuer.Decide, pure,
+//     confirmed by issuer.DecideConfirmed's reads around the cache) → commit
 //     (one compare-and-swap of the FencedResource status, the only place a
-//     fence is allocated) → mirror (Events, LockGrant statuses, finalizers;
-//     a new Held phase 100 ms late, Pending 1 s late: freshholds.go), in that order.
+//     fence is allocated) → mirror (Events, then the LockGrant statuses of the
+//     handoff, then a bounded share of the bookkeeping: the other statuses and
+//     finalizers). A new Held or Pending phase is mirrored late
+//     (freshholds.go), arrivals that are the only change are deferred
+//     (arrivals.go).
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust
-//     bundle: a raised revokedBelowEpoch makes every FencedResource be decided
-//     again, so grants of older epochs are revoked and their waiters served.
+//     bundle and drives key rotation (keyrotation.go: stage a key, wait until
+//     every verifier trusts it, sign with it under a new epoch, revoke the
+//     older epochs, retire the old key); a raised revokedBelowEpoch makes
+//     every FencedResource be decided again, so grants of older epochs are
+//     revoked and their waiters served.
 //   - UnresolvedMutationReconciler (reconciliation_controller.go) turns a
 //     worker's unresolved-mutation record on a LockGrant into the
 //     FencedResource's ReconciliationRequired condition once it is overdue.
 //   - NamespaceEnrollmentReconciler (enrollment_controller.go) keeps the
 //     fencekeeper.dev/enrolled label on every namespace that holds an entry,
 //     so unlabelled objects there reach the acceptance webhook.
+//   - EndedGrantCollector (collector.go) deletes LockGrants ended longer than
+//     the retention, except those recording an unresolved write.
 //
-// Setup (setup.go) wires them into a manager; metrics.go registers their
-// Prometheus metrics.
+// Setup (setup.go) wires them into a manager; CacheOptions (cache.go) keeps
+// only what they read of tenants' objects, indexes.go indexes the LockGrants
+// a reconcile can act on, and metrics.go registers their Prometheus metrics.
 package controllers

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/enrollment"
+	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
 )
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch;patch

@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
 // heldMirrorDelay is how long a LockGrant's move to Held waits before it is
@@ -86,12 +86,12 @@ func newFreshHolds(now func() time.Time) *freshHolds {
 
 // due returns the statuses to write now, in the planned order, and how long
 // until the earliest deferred one is due (0 when none is deferred).
-func (f *freshHolds) due(planned []issuing.GrantStatus, grants map[string]*locksv1.LockGrant) ([]issuing.GrantStatus, time.Duration) {
+func (f *freshHolds) due(planned []issuer.GrantStatus, grants map[string]*locksv1.LockGrant) ([]issuer.GrantStatus, time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
 	f.prune(now)
-	var write []issuing.GrantStatus
+	var write []issuer.GrantStatus
 	var wait time.Duration
 	for _, s := range planned {
 		if f.alreadyLanded(s, grants[s.Name], now) {
@@ -140,7 +140,7 @@ func (f *freshHolds) ownEcho(lg *locksv1.LockGrant) bool {
 // alreadyLanded reports whether s was written already and lg, the cache's
 // view, is older than that write: a final status is never written twice,
 // and another status only when it says something new.
-func (f *freshHolds) alreadyLanded(s issuing.GrantStatus, lg *locksv1.LockGrant, now time.Time) bool {
+func (f *freshHolds) alreadyLanded(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.Time) bool {
 	if lg == nil {
 		return false
 	}
@@ -152,12 +152,12 @@ func (f *freshHolds) alreadyLanded(s issuing.GrantStatus, lg *locksv1.LockGrant,
 		delete(f.landed, lg.UID) // the cache has caught up, or it is trusted again
 		return false
 	}
-	return l.status.Phase.Terminal() || issuing.SameGrantStatus(l.status, s.Status)
+	return l.status.Phase.Terminal() || issuer.SameGrantStatus(l.status, s.Status)
 }
 
 // left is how long s must still wait (≤ 0: write it now), remembering when
 // its phase was first planned and forgetting it once it is due.
-func (f *freshHolds) left(s issuing.GrantStatus, lg *locksv1.LockGrant, now time.Time) time.Duration {
+func (f *freshHolds) left(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.Time) time.Duration {
 	if lg == nil {
 		return 0
 	}

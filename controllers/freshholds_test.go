@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
 func TestFreshHolds(t *testing.T) {
@@ -17,9 +17,9 @@ func TestFreshHolds(t *testing.T) {
 	f := newFreshHolds(func() time.Time { return now })
 	a, b := waiting("a", 0), waiting("b", time.Second)
 	grants := map[string]*locksv1.LockGrant{"a": &a, "b": &b}
-	held := issuing.GrantStatus{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
-	released := issuing.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased}}
-	names := func(ss []issuing.GrantStatus) (n []string) {
+	held := issuer.GrantStatus{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
+	released := issuer.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased}}
+	names := func(ss []issuer.GrantStatus) (n []string) {
 		for _, s := range ss {
 			n = append(n, s.Name)
 		}
@@ -27,41 +27,41 @@ func TestFreshHolds(t *testing.T) {
 	}
 
 	// A handoff: the ending is written at once, the new holder's Held waits.
-	write, wait := f.due([]issuing.GrantStatus{released, held}, grants)
+	write, wait := f.due([]issuer.GrantStatus{released, held}, grants)
 	if got := names(write); len(got) != 1 || got[0] != "a" || wait != heldMirrorDelay {
 		t.Fatalf("write %v, wait %v; want [a], %v", got, wait, heldMirrorDelay)
 	}
 	// Planned again 40 ms later (another event): still waiting, counted from the first plan.
 	now = now.Add(40 * time.Millisecond)
-	if write, wait = f.due([]issuing.GrantStatus{held}, grants); len(write) != 0 || wait != 60*time.Millisecond {
+	if write, wait = f.due([]issuer.GrantStatus{held}, grants); len(write) != 0 || wait != 60*time.Millisecond {
 		t.Fatalf("write %v, wait %v; want nothing for 60ms more", names(write), wait)
 	}
 	// Due: written.
 	now = now.Add(60 * time.Millisecond)
-	if write, wait = f.due([]issuing.GrantStatus{held}, grants); len(write) != 1 || wait != 0 {
+	if write, wait = f.due([]issuer.GrantStatus{held}, grants); len(write) != 1 || wait != 0 {
 		t.Fatalf("write %v, wait %v; want [b] now", names(write), wait)
 	}
 	// Queued: the Pending status waits too; its condition updates within the phase do not.
 	d := waiting("d", 3*time.Second)
 	grants["d"] = &d
-	pending := issuing.GrantStatus{Name: "d", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
-	if write, _ = f.due([]issuing.GrantStatus{pending}, grants); len(write) != 0 {
+	pending := issuer.GrantStatus{Name: "d", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
+	if write, _ = f.due([]issuer.GrantStatus{pending}, grants); len(write) != 0 {
 		t.Fatal("a new waiter's Pending written at once")
 	}
 	d.Status.Phase = locksv1.PhasePending
-	if write, _ = f.due([]issuing.GrantStatus{pending}, grants); len(write) != 1 {
+	if write, _ = f.due([]issuer.GrantStatus{pending}, grants); len(write) != 1 {
 		t.Fatal("a Pending update within the phase deferred")
 	}
 	// Once mirrored, a renewal's Held is written at once.
 	b.Status.Phase = locksv1.PhaseHeld
-	if write, _ = f.due([]issuing.GrantStatus{held}, grants); len(write) != 1 {
+	if write, _ = f.due([]issuer.GrantStatus{held}, grants); len(write) != 1 {
 		t.Fatalf("a renewal of a mirrored hold deferred")
 	}
 	// A grant that ends before its Held is due: only the final status, and nothing remembered.
 	c := waiting("c", 2*time.Second)
 	grants["c"] = &c
-	f.due([]issuing.GrantStatus{{Name: "c", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants)
-	write, _ = f.due([]issuing.GrantStatus{{Name: "c", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased}}}, grants)
+	f.due([]issuer.GrantStatus{{Name: "c", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants)
+	write, _ = f.due([]issuer.GrantStatus{{Name: "c", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased}}}, grants)
 	if len(write) != 1 || len(f.since) != 0 {
 		t.Fatalf("write %v, remembered %v; want the release and no memory", names(write), f.since)
 	}
@@ -86,31 +86,31 @@ func TestFreshHoldsDelayPerPhase(t *testing.T) {
 	f := newFreshHolds(func() time.Time { return now })
 	w := waiting("w", 0)
 	grants := map[string]*locksv1.LockGrant{"w": &w}
-	pending := issuing.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
-	held := issuing.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
+	pending := issuer.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
+	held := issuer.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
 
-	if write, wait := f.due([]issuing.GrantStatus{pending}, grants); len(write) != 0 || wait != pendingMirrorDelay {
+	if write, wait := f.due([]issuer.GrantStatus{pending}, grants); len(write) != 0 || wait != pendingMirrorDelay {
 		t.Fatalf("queued: write %d, wait %v; want nothing for %v", len(write), wait, pendingMirrorDelay)
 	}
 	now = now.Add(300 * time.Millisecond)
-	if write, wait := f.due([]issuing.GrantStatus{pending}, grants); len(write) != 0 || wait != pendingMirrorDelay-300*time.Millisecond {
+	if write, wait := f.due([]issuer.GrantStatus{pending}, grants); len(write) != 0 || wait != pendingMirrorDelay-300*time.Millisecond {
 		t.Fatalf("300 ms later: write %d, wait %v; want nothing yet", len(write), wait)
 	}
 	// Granted after 300 ms of waiting: the Held waits its own delay.
 	now = now.Add(time.Millisecond)
-	if write, wait := f.due([]issuing.GrantStatus{held}, grants); len(write) != 0 || wait != heldMirrorDelay {
+	if write, wait := f.due([]issuer.GrantStatus{held}, grants); len(write) != 0 || wait != heldMirrorDelay {
 		t.Fatalf("granted: write %d, wait %v; want nothing for %v", len(write), wait, heldMirrorDelay)
 	}
 	now = now.Add(heldMirrorDelay)
-	if write, _ := f.due([]issuing.GrantStatus{held}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{held}, grants); len(write) != 1 {
 		t.Fatal("Held not written once due")
 	}
 	// A wait longer than the Pending delay is mirrored.
 	v := waiting("v", time.Second)
 	grants["v"] = &v
-	f.due([]issuing.GrantStatus{{Name: "v", Status: pending.Status}}, grants)
+	f.due([]issuer.GrantStatus{{Name: "v", Status: pending.Status}}, grants)
 	now = now.Add(pendingMirrorDelay)
-	if write, _ := f.due([]issuing.GrantStatus{{Name: "v", Status: pending.Status}}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{{Name: "v", Status: pending.Status}}, grants); len(write) != 1 {
 		t.Fatal("a long wait's Pending not written")
 	}
 }
@@ -125,10 +125,10 @@ func TestFreshHoldsBound(t *testing.T) {
 	now := time.Unix(1000, 0)
 	f := newFreshHolds(func() time.Time { return now })
 	grants := map[string]*locksv1.LockGrant{}
-	held := func(name string) issuing.GrantStatus {
-		return issuing.GrantStatus{Name: name, Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
+	held := func(name string) issuer.GrantStatus {
+		return issuer.GrantStatus{Name: name, Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
 	}
-	var planned []issuing.GrantStatus
+	var planned []issuer.GrantStatus
 	for i := range maxDeferredHolds {
 		name := fmt.Sprintf("g%d", i)
 		lg := waiting(name, time.Duration(i))
@@ -141,7 +141,7 @@ func TestFreshHoldsBound(t *testing.T) {
 	extra := waiting("extra", time.Hour)
 	grants["extra"] = &extra
 	now = now.Add(heldMirrorDelay / 2)
-	if write, _ := f.due([]issuing.GrantStatus{held("extra")}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{held("extra")}, grants); len(write) != 1 {
 		t.Fatal("a status past the bound was deferred")
 	}
 	now = now.Add(heldMirrorDelay / 2)
@@ -161,11 +161,11 @@ func TestFreshHoldsLanded(t *testing.T) {
 	a := waiting("a", 0)
 	a.ResourceVersion = "10"
 	grants := map[string]*locksv1.LockGrant{"a": &a}
-	released := func(msg string) issuing.GrantStatus {
-		return issuing.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased,
+	released := func(msg string) issuer.GrantStatus {
+		return issuer.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased,
 			Conditions: []metav1.Condition{{Type: locksv1.ConditionIssued, Status: metav1.ConditionFalse, Reason: locksv1.ReasonReleased, Message: msg}}}}
 	}
-	if write, _ := f.due([]issuing.GrantStatus{released("released at t1")}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{released("released at t1")}, grants); len(write) != 1 {
 		t.Fatal("a final status not written at once")
 	}
 	written := a.DeepCopy()
@@ -175,26 +175,26 @@ func TestFreshHoldsLanded(t *testing.T) {
 	// The stale cache (resourceVersion 10) plans the final status again, with
 	// another time in its message: not sent.
 	now = now.Add(5 * time.Millisecond)
-	if write, _ := f.due([]issuing.GrantStatus{released("released at t2")}, grants); len(write) != 0 {
+	if write, _ := f.due([]issuer.GrantStatus{released("released at t2")}, grants); len(write) != 0 {
 		t.Fatalf("a final status written twice from a stale cache: %v", write)
 	}
 	// Another status for the same grant that says something new is sent.
-	held := issuing.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, ObservedRenewals: 1}}
+	held := issuer.GrantStatus{Name: "a", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, ObservedRenewals: 1}}
 	b := waiting("b", time.Second)
 	b.ResourceVersion, b.Status.Phase = "20", locksv1.PhaseHeld
 	grants["b"] = &b
 	f.wrote(&locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{UID: b.UID, ResourceVersion: "21"}},
 		locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld})
-	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: held.Status}}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{{Name: "b", Status: held.Status}}, grants); len(write) != 1 {
 		t.Fatal("a renewal's Held skipped as already written")
 	}
-	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 0 {
+	if write, _ := f.due([]issuer.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 0 {
 		t.Fatal("the same Held written twice from a stale cache")
 	}
 
 	// The cache caught up: the memory goes, and the cache decides.
 	a.ResourceVersion = "11"
-	if write, _ := f.due([]issuing.GrantStatus{released("released at t3")}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{released("released at t3")}, grants); len(write) != 1 {
 		t.Fatal("a status planned from a cache that shows the write was skipped")
 	}
 	if _, ok := f.landed[a.UID]; ok {
@@ -202,7 +202,7 @@ func TestFreshHoldsLanded(t *testing.T) {
 	}
 	// A memory older than landedMemory is not trusted: the cache decides.
 	now = now.Add(landedMemory + time.Millisecond)
-	if write, _ := f.due([]issuing.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 1 {
+	if write, _ := f.due([]issuer.GrantStatus{{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}}, grants); len(write) != 1 {
 		t.Fatal("a landing trusted past landedMemory")
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
 // The operator's cache indexes LockGrants by the FencedResource they name,
@@ -15,7 +15,7 @@ import (
 // LockGrants stays out of every List and its deep copies, however long it
 // grows (before, every registry write listed and copied all of it, twice).
 const (
-	// activeGrantsIndex holds the issuing.Active LockGrants.
+	// activeGrantsIndex holds the issuer.Active LockGrants.
 	activeGrantsIndex = "spec.resource.active"
 	// unresolvedGrantsIndex holds the LockGrants that carry annotation
 	// fencekeeper.dev/unresolved-mutation, readable or not: a record of a
@@ -26,7 +26,7 @@ const (
 // indexGrants registers both indexes.
 func indexGrants(ctx context.Context, indexer client.FieldIndexer) error {
 	for name, keep := range map[string]func(*locksv1.LockGrant) bool{
-		activeGrantsIndex:     issuing.Active,
+		activeGrantsIndex:     issuer.Active,
 		unresolvedGrantsIndex: carriesRecord,
 	} {
 		if err := indexer.IndexField(ctx, &locksv1.LockGrant{}, name, func(o client.Object) []string {

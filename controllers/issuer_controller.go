@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
 // conflictRetry is how soon a lost compare-and-swap is retried. The informer
@@ -35,15 +35,15 @@ const conflictRetry = 20 * time.Millisecond
 // +kubebuilder:rbac:groups=locks.fencekeeper.dev,resources=lockgrants/finalizers,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// GrantIssuerReconciler runs the lease lifecycle of one FencedResource at a
+// IssuerReconciler runs the lease lifecycle of one FencedResource at a
 // time: queue, issue, renew, expire, release, revoke, hand off. Every decision
 // is committed by one compare-and-swap of the FencedResource status; LockGrant
 // statuses are then brought in line with it.
-type GrantIssuerReconciler struct {
+type IssuerReconciler struct {
 	client.Client
 	// APIReader reads around the cache when a decision must not rest on a stale view.
 	APIReader client.Reader
-	Issuer    *Issuer
+	Identity  *IssuerIdentity
 	Recorder  events.EventRecorder
 	// Name distinguishes several issuing controllers in one process (tests only).
 	Name                    string
@@ -55,7 +55,7 @@ type GrantIssuerReconciler struct {
 }
 
 // SetupWithManager registers the controller and the LockGrant indexes.
-func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := indexGrants(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func (r *GrantIssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Named(name).
 		For(&locksv1.FencedResource{}).
 		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.holds))).
-		WatchesRawSource(r.Issuer.resyncSource(r.Client)).
+		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
 			o.MaxConcurrentReconciles = max(r.MaxConcurrentReconciles, 1)
@@ -96,11 +96,11 @@ func controllerOptions(named bool) controller.Options {
 }
 
 // Reconcile makes one issuing decision for the FencedResource req names:
-// gather what it depends on, decide (issuing.Decide, pure), commit the
+// gather what it depends on, decide (issuer.Decide, pure), commit the
 // registry status by one compare-and-swap, then mirror the committed decision
 // onto the LockGrants and emit its Events.
-func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	if err := r.Issuer.Wait(ctx); err != nil {
+func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if err := r.Identity.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	in, found, err := r.gather(ctx, req.NamespacedName)
@@ -134,14 +134,14 @@ func (r *GrantIssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 // gather reads the FencedResource, its active LockGrants (from the cache's
 // index) and the issuer's state; found is false when the FencedResource does
 // not exist.
-func (r *GrantIssuerReconciler) gather(ctx context.Context, key types.NamespacedName) (issuing.Input, bool, error) {
+func (r *IssuerReconciler) gather(ctx context.Context, key types.NamespacedName) (issuer.Input, bool, error) {
 	fr := &locksv1.FencedResource{}
 	if err := r.Get(ctx, key, fr); err != nil {
-		return issuing.Input{}, false, client.IgnoreNotFound(err)
+		return issuer.Input{}, false, client.IgnoreNotFound(err)
 	}
 	var list locksv1.LockGrantList
 	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{activeGrantsIndex: fr.Name}); err != nil {
-		return issuing.Input{}, false, err
+		return issuer.Input{}, false, err
 	}
 	grants := list.Items
 	holderDeleted := false
@@ -155,23 +155,23 @@ func (r *GrantIssuerReconciler) gather(ctx context.Context, key types.Namespaced
 		case apierrors.IsNotFound(err) || (err == nil && string(lg.UID) != h.GrantUID):
 			holderDeleted = true
 		case err != nil:
-			return issuing.Input{}, false, err
+			return issuer.Input{}, false, err
 		default:
 			grants = append(grants, lg)
 		}
 	}
-	s := r.Issuer.state()
-	return issuing.Input{
-		Resource: fr, Grants: grants, HolderDeleted: holderDeleted, Now: r.Issuer.clock.Now(),
+	s := r.Identity.state()
+	return issuer.Input{
+		Resource: fr, Grants: grants, HolderDeleted: holderDeleted, Now: r.Identity.clock.Now(),
 		Epoch: s.epoch, TakeoverAt: s.takeoverAt, RevokedBelow: s.revokedBelow, Signer: s.signer,
 		// Real time: the issuer's clock may be injected and stand still.
 		Seen: r.arrivals.get(key), SeenNow: time.Now(),
 	}, true, nil
 }
 
-// decide runs issuing.DecideConfirmed with reads around the cache.
-func (r *GrantIssuerReconciler) decide(ctx context.Context, in *issuing.Input) (issuing.Decision, error) {
-	return issuing.DecideConfirmed(in, func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
+// decide runs issuer.DecideConfirmed with reads around the cache.
+func (r *IssuerReconciler) decide(ctx context.Context, in *issuer.Input) (issuer.Decision, error) {
+	return issuer.DecideConfirmed(in, func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
 		uncachedGrantReads.Inc()
 		var fresh locksv1.LockGrant
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh); err != nil {
@@ -187,7 +187,7 @@ func (r *GrantIssuerReconciler) decide(ctx context.Context, in *issuing.Input) (
 // commit writes the decided registry status with the resourceVersion it was
 // decided from: the compare-and-swap that makes a fence allocation (and every
 // other decision) unique. committed is false when it lost and must be retried.
-func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedResource, d *issuing.Decision) (committed bool, err error) {
+func (r *IssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedResource, d *issuer.Decision) (committed bool, err error) {
 	if d.PolicyDenial && !d.StatusChanged {
 		// A denial must not rest on a cached, older policy: no compare-and-swap
 		// will check it for us, so read the registry around the cache.
@@ -223,7 +223,7 @@ func (r *GrantIssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedRe
 // mirror records a committed decision: its Events first (nothing later may
 // lose them), then the handoff's LockGrant statuses in the decided order (the
 // holder's end before the new holder), then a bounded batch of bookkeeping.
-func (r *GrantIssuerReconciler) mirror(ctx context.Context, in *issuing.Input, d *issuing.Decision) (ctrl.Result, error) {
+func (r *IssuerReconciler) mirror(ctx context.Context, in *issuer.Input, d *issuer.Decision) (ctrl.Result, error) {
 	fr := in.Resource
 	byName := map[string]*locksv1.LockGrant{}
 	byUID := map[string]*locksv1.LockGrant{}
@@ -275,7 +275,7 @@ const (
 
 // splitHandoff separates the statuses whose order matters (a holder's end and
 // the new holder: the ended one lands first) from the rest, keeping order.
-func splitHandoff(statuses []issuing.GrantStatus, byName map[string]*locksv1.LockGrant) (handoff, rest []issuing.GrantStatus) {
+func splitHandoff(statuses []issuer.GrantStatus, byName map[string]*locksv1.LockGrant) (handoff, rest []issuer.GrantStatus) {
 	for _, c := range statuses {
 		if lg := byName[c.Name]; c.Status.Phase == locksv1.PhaseHeld || (lg != nil && lg.Status.Phase == locksv1.PhaseHeld) {
 			handoff = append(handoff, c)
@@ -302,7 +302,7 @@ type grantWrites struct {
 
 // bookkeepingWrites groups the statuses, then the finalizer removals and
 // additions of a decision by LockGrant, in the order first met.
-func bookkeepingWrites(statuses []issuing.GrantStatus, d *issuing.Decision, byName map[string]*locksv1.LockGrant) []grantWrites {
+func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[string]*locksv1.LockGrant) []grantWrites {
 	var out []grantWrites
 	at := map[string]int{}
 	add := func(name string, w grantWrite) {
@@ -332,7 +332,7 @@ func bookkeepingWrites(statuses []issuing.GrantStatus, d *issuing.Decision, byNa
 // bookkeeping writes to up to bookkeepingPerPass LockGrants,
 // bookkeepingParallel at a time (one LockGrant's writes in order). retry: a
 // write met a conflict; more: some LockGrants were left for the next pass.
-func (r *GrantIssuerReconciler) bookkeeping(ctx context.Context, grants []grantWrites) (retry, more bool, err error) {
+func (r *IssuerReconciler) bookkeeping(ctx context.Context, grants []grantWrites) (retry, more bool, err error) {
 	if more = len(grants) > bookkeepingPerPass; more {
 		grants = grants[:bookkeepingPerPass]
 	}
@@ -358,7 +358,7 @@ func (r *GrantIssuerReconciler) bookkeeping(ctx context.Context, grants []grantW
 
 // writeGrant applies one LockGrant's bookkeeping writes in order, stopping at
 // the first that fails.
-func (r *GrantIssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error {
+func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error {
 	for _, w := range g.writes {
 		if err := r.patchGrant(ctx, g.lg, w.status != nil, w.mutate); err != nil {
 			return err
@@ -400,7 +400,7 @@ func retryable(retry bool, err error) (bool, error) {
 
 // patchGrant applies mutate as a merge patch conditioned on the resourceVersion
 // we read, so a LockGrant is never moved by a decision made from an older view.
-func (r *GrantIssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.LockGrant, status bool, mutate func(*locksv1.LockGrant)) error {
+func (r *IssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.LockGrant, status bool, mutate func(*locksv1.LockGrant)) error {
 	if lg == nil {
 		return nil
 	}
@@ -414,7 +414,7 @@ func (r *GrantIssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.Lock
 }
 
 // denyOrphans settles LockGrants whose FencedResource is gone: they can never be served.
-func (r *GrantIssuerReconciler) denyOrphans(ctx context.Context, key types.NamespacedName) error {
+func (r *IssuerReconciler) denyOrphans(ctx context.Context, key types.NamespacedName) error {
 	var list locksv1.LockGrantList
 	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{activeGrantsIndex: key.Name}); err != nil {
 		return err
@@ -427,12 +427,12 @@ func (r *GrantIssuerReconciler) denyOrphans(ctx context.Context, key types.Names
 		return err // nil: it exists, and its own event will bring us back
 	}
 	queueDepth.DeleteLabelValues(key.Namespace, key.Name)
-	now := r.Issuer.clock.Now()
+	now := r.Identity.clock.Now()
 	for i := range list.Items {
 		lg := &list.Items[i]
 		if !lg.Status.Phase.Terminal() {
-			st := issuing.TerminalStatus(lg.Status, locksv1.PhaseDenied, locksv1.ReasonNoSuchResource, now)
-			issuing.SetCondition(&st.Conditions, 0, locksv1.ConditionIssued, false, locksv1.ReasonNoSuchResource,
+			st := issuer.TerminalStatus(lg.Status, locksv1.PhaseDenied, locksv1.ReasonNoSuchResource, now)
+			issuer.SetCondition(&st.Conditions, 0, locksv1.ConditionIssued, false, locksv1.ReasonNoSuchResource,
 				fmt.Sprintf("FencedResource %s does not exist", key.Name))
 			if err := r.patchGrant(ctx, lg, true, func(lg *locksv1.LockGrant) { lg.Status = st }); client.IgnoreNotFound(err) != nil {
 				return err

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -47,7 +47,7 @@ func waiting(name string, created time.Duration) locksv1.LockGrant {
 	}
 }
 
-func decideWith(t *testing.T, queue []locksv1.QueuedGrant, cache []locksv1.LockGrant, truth map[string]locksv1.LockGrant) (issuing.Decision, []string) {
+func decideWith(t *testing.T, queue []locksv1.QueuedGrant, cache []locksv1.LockGrant, truth map[string]locksv1.LockGrant) (issuer.Decision, []string) {
 	t.Helper()
 	signer, err := grant.NewSigner("test", bytes.Repeat([]byte{7}, 32))
 	if err != nil {
@@ -59,8 +59,8 @@ func decideWith(t *testing.T, queue []locksv1.QueuedGrant, cache []locksv1.LockG
 		Status:     locksv1.FencedResourceStatus{Queue: queue},
 	}
 	api := &apiServer{grants: truth}
-	r := &GrantIssuerReconciler{APIReader: api}
-	d, err := r.decide(context.Background(), &issuing.Input{Resource: fr, Grants: cache, Now: time.Unix(2000, 0), Epoch: 1, Signer: signer})
+	r := &IssuerReconciler{APIReader: api}
+	d, err := r.decide(context.Background(), &issuer.Input{Resource: fr, Grants: cache, Now: time.Unix(2000, 0), Epoch: 1, Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}

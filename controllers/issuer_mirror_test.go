@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
 // A handoff's statuses keep their order and are written before anything
@@ -24,10 +24,10 @@ func TestMirrorSplitsHandoffFromBookkeeping(t *testing.T) {
 		"twin":   grant("twin", locksv1.PhasePending),
 		"gone":   grant("gone", locksv1.PhasePending),
 	}
-	status := func(name string, phase locksv1.LockGrantPhase) issuing.GrantStatus {
-		return issuing.GrantStatus{Name: name, Status: locksv1.LockGrantStatus{Phase: phase}}
+	status := func(name string, phase locksv1.LockGrantPhase) issuer.GrantStatus {
+		return issuer.GrantStatus{Name: name, Status: locksv1.LockGrantStatus{Phase: phase}}
 	}
-	planned := []issuing.GrantStatus{
+	planned := []issuer.GrantStatus{
 		status("twin", locksv1.PhaseDenied), status("old", locksv1.PhaseReleased),
 		status("new", locksv1.PhaseHeld), status("waiter", locksv1.PhasePending),
 	}
@@ -39,7 +39,7 @@ func TestMirrorSplitsHandoffFromBookkeeping(t *testing.T) {
 		t.Fatalf("rest %v, want [twin waiter]", got)
 	}
 
-	d := &issuing.Decision{RemoveFinalizer: []string{"gone", "missing"}, AddFinalizer: []string{"waiter"}}
+	d := &issuer.Decision{RemoveFinalizer: []string{"gone", "missing"}, AddFinalizer: []string{"waiter"}}
 	writes := bookkeepingWrites(rest, d, byName)
 	var got []string
 	for _, g := range writes {
@@ -60,7 +60,7 @@ func TestMirrorSplitsHandoffFromBookkeeping(t *testing.T) {
 	}
 }
 
-func names(ss []issuing.GrantStatus) (n []string) {
+func names(ss []issuer.GrantStatus) (n []string) {
 	for _, s := range ss {
 		n = append(n, s.Name)
 	}

@@ -136,15 +136,15 @@ func verifiersWhere(vs []locksv1.VerifierReport, lags func(locksv1.VerifierRepor
 
 // keyRotator drives a rotation one step per call.
 type keyRotator struct {
-	client client.Client
-	reader client.Reader
-	issuer *Issuer
+	client   client.Client
+	reader   client.Reader
+	identity *IssuerIdentity
 }
 
 // step performs at most one step and reports the state after it; it
 // returns whether the rotation is still in progress.
 func (k *keyRotator) step(ctx context.Context) (bool, error) {
-	i := k.issuer
+	i := k.identity
 	var sec corev1.Secret
 	if err := k.reader.Get(ctx, i.key(locksv1.SigningKeySecret), &sec); err != nil {
 		return false, fmt.Errorf("read signing key secret: %w", err)
@@ -229,7 +229,7 @@ func (k *keyRotator) do(ctx context.Context, step locksv1.RotationStep, s rotati
 // then signs with the new key under the new epoch. Every grant the old key
 // signed carries an older epoch, so revoking below the new one covers them.
 func (k *keyRotator) switchSigner(ctx context.Context, s rotationState, sec *corev1.Secret, next *grant.Signer) error {
-	epoch, err := k.issuer.nextEpoch(ctx)
+	epoch, err := k.identity.nextEpoch(ctx)
 	if err != nil {
 		return err
 	}
@@ -241,14 +241,14 @@ func (k *keyRotator) switchSigner(ctx context.Context, s rotationState, sec *cor
 	if err := k.client.Update(ctx, sec); err != nil {
 		return fmt.Errorf("record the switch to key %q: %w", next.KeyID(), err)
 	}
-	k.issuer.switchSigner(next, epoch)
+	k.identity.switchSigner(next, epoch)
 	ctrl.LoggerFrom(ctx).Info("key rotation: signing with the new key under a new issuer epoch", "keyID", next.KeyID(), "epoch", epoch)
 	return nil
 }
 
 func (k *keyRotator) verifiers(ctx context.Context) ([]locksv1.VerifierReport, error) {
 	var leases coordinationv1.LeaseList
-	if err := k.reader.List(ctx, &leases, client.InNamespace(k.issuer.namespace),
+	if err := k.reader.List(ctx, &leases, client.InNamespace(k.identity.namespace),
 		client.MatchingLabels{locksv1.LabelComponent: locksv1.ComponentVerifier}); err != nil {
 		return nil, fmt.Errorf("list verifier leases: %w", err)
 	}
@@ -278,8 +278,8 @@ func (k *keyRotator) report(ctx context.Context, req *corev1.ConfigMap, step loc
 	}
 	status := map[string]string{
 		"phase": phase, "step": string(step), "waitingOn": waiting, "servedRequest": s.served,
-		"signingKeyID": k.issuer.SigningKeyID(), "newKeyID": s.next, "retiringKeyID": s.retiring,
-		"issuerEpoch": strconv.FormatInt(k.issuer.Epoch(), 10), "revokeBelowEpoch": strconv.FormatInt(s.revokeBelow, 10),
+		"signingKeyID": k.identity.SigningKeyID(), "newKeyID": s.next, "retiringKeyID": s.retiring,
+		"issuerEpoch": strconv.FormatInt(k.identity.Epoch(), 10), "revokeBelowEpoch": strconv.FormatInt(s.revokeBelow, 10),
 	}
 	changed := false
 	if req.Data == nil {

@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 	"github.com/fencekeeper/fencekeeper/internal/version"
 )
 
@@ -74,7 +74,7 @@ func init() {
 
 // observeIssued records how long the grant issued by a decision waited, and
 // the handoff gap when it followed a holder.
-func observeIssued(c issuing.Counts) {
+func observeIssued(c issuer.Counts) {
 	if c.Issued == 0 {
 		return
 	}

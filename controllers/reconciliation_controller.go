@@ -28,8 +28,8 @@ import (
 // annotations are removed, the condition goes back to False.
 type UnresolvedMutationReconciler struct {
 	client.Client
-	// Issuer's clock judges age; its ResyncAll makes this controller look again.
-	Issuer   *Issuer
+	// Identity's clock judges age; its ResyncAll makes this controller look again.
+	Identity *IssuerIdentity
 	Recorder events.EventRecorder
 	// Name distinguishes several instances in one process (tests only).
 	Name string
@@ -51,7 +51,7 @@ func (r *UnresolvedMutationReconciler) SetupWithManager(mgr ctrl.Manager) error 
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
 		})).
-		WatchesRawSource(r.Issuer.resyncSource(r.Client)).
+		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WithOptions(controllerOptions(r.Name != "")).
 		Complete(r)
 }
@@ -69,7 +69,7 @@ func (r *UnresolvedMutationReconciler) Reconcile(ctx context.Context, req ctrl.R
 	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{unresolvedGrantsIndex: fr.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
-	s := summarizeUnresolved(list.Items, r.Issuer.clock.Now())
+	s := summarizeUnresolved(list.Items, r.Identity.clock.Now())
 	setPerResource(overdueMutations, fr.Namespace, fr.Name, len(s.overdue))
 	before := meta.FindStatusCondition(fr.Status.Conditions, locksv1.ConditionReconciliationRequired)
 	result := ctrl.Result{RequeueAfter: s.nextDue}

@@ -22,10 +22,10 @@ type Options struct {
 	InstanceName string
 	// MaxConcurrentReconciles bounds how many FencedResources are decided at once.
 	MaxConcurrentReconciles int
-	// Issuer, when set, is shared instead of creating one: a second controller
+	// Identity, when set, is shared instead of creating one: a second controller
 	// with its own cache then decides under the same signing key and epoch
 	// (tests race two such controllers on one resource).
-	Issuer *Issuer
+	Identity *IssuerIdentity
 	// EndedGrantRetention is how long an ended LockGrant is kept before it is
 	// deleted (0: DefaultEndedGrantRetention; negative: never).
 	EndedGrantRetention time.Duration
@@ -34,8 +34,8 @@ type Options struct {
 	WrapClient func(client.Client) client.Client
 }
 
-// Setup adds the issuer and its controllers to mgr and returns the issuer.
-func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
+// Setup adds the issuer (its identity and controllers) to mgr and returns its identity.
+func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*IssuerIdentity, error) {
 	if o.Namespace == "" {
 		o.Namespace = locksv1.DefaultNamespace
 	}
@@ -48,10 +48,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 		}
 		return base + "-" + o.InstanceName
 	}
-	issuer := o.Issuer
-	if issuer == nil {
-		issuer = NewIssuer(mgr.GetClient(), mgr.GetAPIReader(), o.Namespace, o.Clock, mgr.GetLogger().WithName("issuer"))
-		if err := mgr.Add(issuer); err != nil {
+	identity := o.Identity
+	if identity == nil {
+		identity = NewIssuerIdentity(mgr.GetClient(), mgr.GetAPIReader(), o.Namespace, o.Clock, mgr.GetLogger().WithName("issuer"))
+		if err := mgr.Add(identity); err != nil {
 			return nil, err
 		}
 	}
@@ -59,15 +59,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 	if o.WrapClient != nil {
 		c = o.WrapClient(c)
 	}
-	if err := (&GrantIssuerReconciler{
-		Client: c, APIReader: mgr.GetAPIReader(), Issuer: issuer,
+	if err := (&IssuerReconciler{
+		Client: c, APIReader: mgr.GetAPIReader(), Identity: identity,
 		Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("grant-issuer"),
 		MaxConcurrentReconciles: o.MaxConcurrentReconciles,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return nil, err
 	}
 	if err := (&UnresolvedMutationReconciler{
-		Client: mgr.GetClient(), Issuer: issuer, Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("unresolved-mutations"),
+		Client: mgr.GetClient(), Identity: identity, Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("unresolved-mutations"),
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
@@ -82,8 +82,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*Issuer, error) {
 	if err := (&NamespaceEnrollmentReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Name: name("namespace-enrollment")}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Issuer: issuer, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {
+	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Identity: identity, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	return issuer, nil
+	return identity, nil
 }

@@ -20,8 +20,8 @@ import (
 // carries out signing-key rotations (keyrotation.go).
 type TrustBundleReconciler struct {
 	client.Client
-	Issuer *Issuer
-	Name   string
+	Identity *IssuerIdentity
+	Name     string
 }
 
 // SetupWithManager watches only the trust-bundle ConfigMap.
@@ -31,7 +31,7 @@ func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		name = "trust-bundle"
 	}
 	isBundle := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == r.Issuer.namespace &&
+		return o.GetNamespace() == r.Identity.namespace &&
 			(o.GetName() == locksv1.TrustBundleConfigMap || o.GetName() == locksv1.KeyRotationConfigMap)
 	})
 	return ctrl.NewControllerManagedBy(mgr).
@@ -44,11 +44,11 @@ func (r *TrustBundleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile loads the bundle into the issuer and moves a key rotation on by
 // one step (the rotation request ConfigMap maps here too).
 func (r *TrustBundleReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
-	if err := r.Issuer.Wait(ctx); err != nil {
+	if err := r.Identity.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	r.loadBundle(ctx)
-	rot := keyRotator{client: r.Client, reader: r.Issuer.reader, issuer: r.Issuer}
+	rot := keyRotator{client: r.Client, reader: r.Identity.reader, identity: r.Identity}
 	inProgress, err := rot.step(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -64,7 +64,7 @@ func (r *TrustBundleReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (
 // bundle keeps the last one loaded.
 func (r *TrustBundleReconciler) loadBundle(ctx context.Context) {
 	var cm corev1.ConfigMap
-	key := client.ObjectKey{Namespace: r.Issuer.namespace, Name: locksv1.TrustBundleConfigMap}
+	key := client.ObjectKey{Namespace: r.Identity.namespace, Name: locksv1.TrustBundleConfigMap}
 	if err := r.Get(ctx, key, &cm); err != nil {
 		if apierrors.IsNotFound(err) {
 			ctrl.LoggerFrom(ctx).Error(err, "trust bundle deleted; keeping the last one loaded")
@@ -79,14 +79,14 @@ func (r *TrustBundleReconciler) loadBundle(ctx context.Context) {
 		ctrl.LoggerFrom(ctx).Error(err, "trust bundle is invalid; keeping the last one loaded")
 		return
 	}
-	signer := r.Issuer.state().signer
+	signer := r.Identity.state().signer
 	if pub, ok := b.Keys[signer.KeyID()]; !ok || !pub.Equal(signer.PublicKey()) {
 		// Verifiers would reject every grant this issuer signs from now on.
 		ctrl.LoggerFrom(ctx).Error(nil, "trust bundle no longer trusts the signing key; keeping the last one loaded", "keyID", signer.KeyID())
 		return
 	}
-	if r.Issuer.setBundle(b) {
+	if r.Identity.setBundle(b) {
 		ctrl.LoggerFrom(ctx).Info("revocation epoch changed", "revokedBelowEpoch", b.RevokedBelowEpoch)
-		r.Issuer.ResyncAll()
+		r.Identity.ResyncAll()
 	}
 }

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/enrollment"
-	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
+	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
+	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )

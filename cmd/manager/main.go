@@ -17,7 +17,7 @@ import (
 
 	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/operator"
-	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
+	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/internal/version"
 )
 

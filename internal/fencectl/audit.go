@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
+	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 

@@ -8,7 +8,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
+	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
 )
 
 func TestWithProtectedKinds(t *testing.T) {

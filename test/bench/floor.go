@@ -217,7 +217,7 @@ func releaseFloorGrant(ctx context.Context, dyn dynamic.Interface, ns, name stri
 }
 
 // recordFloorRelease records a released grant in the registry status, bounded
-// as the issuer bounds it (issuing.recordEnded).
+// as the issuer bounds it (issuer.recordEnded).
 func recordFloorRelease(st *locksv1.FencedResourceStatus, uid string) {
 	st.RecentlyEnded = append(st.RecentlyEnded, locksv1.EndedGrant{GrantUID: uid, Phase: locksv1.PhaseReleased, Reason: locksv1.ReasonReleased})
 	if over := len(st.RecentlyEnded) - locksv1.MaxRecentlyEnded; over > 0 {

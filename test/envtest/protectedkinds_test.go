@@ -19,7 +19,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	fkoperator "github.com/fencekeeper/fencekeeper/internal/operator"
-	"github.com/fencekeeper/fencekeeper/internal/protectedkinds"
+	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 

@@ -21,7 +21,7 @@ var _ = Describe("two issuing controllers with independent caches racing on the 
 	It("never issue the same fence twice, over many repetitions", func() {
 		// The racer shares the primary's issuer (key and epoch) but has its own
 		// manager, cache and workqueue, so both decide every resource at once.
-		racer := startOperator("racer", primary.clock, controllers.Options{MaxConcurrentReconciles: 4, Issuer: primary.issuer})
+		racer := startOperator("racer", primary.clock, controllers.Options{MaxConcurrentReconciles: 4, Identity: primary.issuer})
 		DeferCleanup(racer.stop)
 		writes0, conflicts0 := metricValue("fencekeeper_registry_writes_total"), metricValue("fencekeeper_fence_cas_conflicts_total")
 

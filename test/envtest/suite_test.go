@@ -135,7 +135,7 @@ func startWebhookServer() {
 
 // operator is one running issuer (a manager with its own cache).
 type operator struct {
-	issuer *controllers.Issuer
+	issuer *controllers.IssuerIdentity
 	// cached reads through the manager's cache, as its controllers do.
 	cached  client.Reader
 	clock   *clocktesting.FakeClock

@@ -3,7 +3,7 @@
 //
 // One schedule is a small world with a virtual clock: an in-memory registry
 // (the FencedResource, its LockGrants and the trust bundle) whose issuer is the
-// issuer's real decision (issuing.Decide), an in-memory protected ConfigMap whose every
+// issuer's real decision (issuer.Decide), an in-memory protected ConfigMap whose every
 // write goes through the real admission webhook
 // (webhooks.ProtectedObjectValidator.Handle, which calls fence.DecideWrite), and a
 // few workers that follow DESIGN.md's client rules (REQUESTED, HELD, RENEWING,

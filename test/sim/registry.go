@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/issuing"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -37,7 +37,7 @@ var issuerKey = sync.OnceValue(func() *grant.Signer {
 
 // registry is the in-memory API server of the lock objects — the
 // FencedResource, its LockGrants, the trust bundle — and the issuer that
-// decides with the issuer's real decision (issuing.Decide) whenever something changed,
+// decides with the issuer's real decision (issuer.Decide) whenever something changed,
 // as the reconciler does on a watch event or its requeue.
 type registry struct {
 	w  *world
@@ -72,8 +72,8 @@ type registry struct {
 	// (FaultIssuerCacheLag): LockGrants it holds are seen as they were.
 	staleGrants []locksv1.LockGrant
 	// seen is what the issuer's last committed decision deferred from the
-	// registry queue (issuing.QueueDelay); a new leader starts without it.
-	seen          issuing.Arrivals
+	// registry queue (issuer.QueueDelay); a new leader starts without it.
+	seen          issuer.Arrivals
 	cacheLagUntil time.Time
 	// mirrorLost: that many of the next committed decisions lose their
 	// LockGrant writes (FaultMirrorLost).
@@ -186,12 +186,12 @@ func (r *registry) reconcile() {
 	}
 	w := r.w
 	w.oracle.issuerRuns(r)
-	res, err := issuing.DecideConfirmed(&issuing.Input{
+	res, err := issuer.DecideConfirmed(&issuer.Input{
 		Resource: &r.fr, Grants: r.issuerCache(), Now: w.now,
 		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
 		Seen: r.seen, SeenNow: w.now,
 	}, r.readAroundCache)
-	r.seen = issuing.Arrivals{}
+	r.seen = issuer.Arrivals{}
 	if err != nil {
 		w.oracle.violation(vSimulator, "the planner failed: %v", err)
 		return
@@ -207,7 +207,7 @@ func (r *registry) reconcile() {
 	lost := r.mirrorLost > 0 && res.StatusChanged
 	if lost {
 		r.mirrorLost--
-		r.seen = issuing.Arrivals{} // its memory died with it
+		r.seen = issuer.Arrivals{} // its memory died with it
 		w.tracef("registry: the issuer died after its CAS; %d LockGrant status write(s) lost", len(res.GrantStatus))
 		res.GrantStatus, res.AddFinalizer, res.RemoveFinalizer = nil, nil, nil
 	}
@@ -254,7 +254,7 @@ func (r *registry) reconcile() {
 // issuerCache is the issuer's view of the LockGrants: the API server's,
 // except while FaultIssuerCacheLag holds older copies (of LockGrants since
 // deleted too); like the operator's cache index, only the active ones
-// (issuing.Active), plus the holder read around the cache when the index
+// (issuer.Active), plus the holder read around the cache when the index
 // does not show it (controllers' gather).
 func (r *registry) issuerCache() []locksv1.LockGrant {
 	view := slices.Clone(r.grants)
@@ -266,7 +266,7 @@ func (r *registry) issuerCache() []locksv1.LockGrant {
 			}
 		}
 	}
-	view = slices.DeleteFunc(view, func(lg locksv1.LockGrant) bool { return !issuing.Active(&lg) })
+	view = slices.DeleteFunc(view, func(lg locksv1.LockGrant) bool { return !issuer.Active(&lg) })
 	if h := r.fr.Status.Holder; h != nil && !slices.ContainsFunc(view, func(lg locksv1.LockGrant) bool { return string(lg.UID) == h.GrantUID }) {
 		if lg := r.find(h.GrantName); lg != nil && string(lg.UID) == h.GrantUID {
 			view = append(view, *lg)
@@ -336,7 +336,7 @@ func (r *registry) takeOver() {
 	r.outageUntil = time.Time{}
 	r.epoch = max(r.epoch+1, r.revokedBelow)
 	r.takeoverAt = r.w.now
-	r.seen = issuing.Arrivals{}
+	r.seen = issuer.Arrivals{}
 	r.w.tracef("registry: issuer epoch %d takes over", r.epoch)
 	r.reconcile()
 }

@@ -1,4 +1,4 @@
-package issuing
+package issuer
 
 import (
 	"slices"

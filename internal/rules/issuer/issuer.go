@@ -1,25 +1,28 @@
-// Package issuing is the issuer's decision for one FencedResource: given the
+// Package issuer is the issuer's decision for one FencedResource: given the
 // registry entry, its LockGrants and the issuer's clock, epoch and key, what
 // the registry and each LockGrant must say next. It is pure (no API calls,
 // no clock of its own), so the lease lifecycle is tested without a server and
 // the simulator (test/sim) drives these rules, not a copy of them.
 //
-// Decide runs named steps in order, each a small function with its own test:
+// Decide runs named steps in this order, each a small function with its own test:
 //
 //  1. servedRequests: one LockGrant per owner and requestID is served.
+//     (A registry already under a newer issuer epoch: Superseded, nothing decided.)
 //  2. adoptEpoch: a newer issuer epoch takes over and extends held leases.
 //  3. settleHolder: the holder renews, or its grant ends (Ending says why).
-//  4. rebuildQueue: drop requests that can no longer be served, append arrivals FIFO
-//     (deferArrivals leaves them out while they are the only change, QueueDelay)
-//     (each to be confirmed by the caller, see Decision.Unconfirmed).
+//  4. rebuildQueue: drop requests that can no longer be served, append
+//     arrivals FIFO (each to be confirmed by the caller, see Decision.Unconfirmed).
 //  5. issueToHead: the head of the queue gets the next fence, signed.
 //  6. setConditions: Ready, FenceRegression, Held.
-//  7. mirrorGrants: the LockGrant statuses and finalizers that follow.
+//  7. deferArrivals: while someone holds the lock and arrivals are all that
+//     would change, they stay out of the committed queue until the next
+//     compare-and-swap or QueueDelay (Decision.Deferred), so a burst costs one write.
+//  8. mirrorGrants: the LockGrant statuses and finalizers that follow.
 //
 // The caller commits Decision.Status with one compare-and-swap on the
 // FencedResource's resourceVersion; only then are the fence and every other
 // decision real.
-package issuing
+package issuer
 
 import (
 	"time"

@@ -35,11 +35,11 @@ const (
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=fencekeeper-system,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",namespace=fencekeeper-system,resources=configmaps,verbs=get;list;watch;create;update
 
-// Issuer is the signing identity and epoch of this operator instance. It runs
+// IssuerIdentity is the signing identity and epoch of this operator instance. It runs
 // as a leader-election runnable: on becoming leader it loads (or, on first
 // start, creates) the signing key and trust bundle, then increments the issuer
 // epoch by compare-and-swap. Reconcilers wait for it before issuing anything.
-type Issuer struct {
+type IssuerIdentity struct {
 	client    client.Client // writes
 	reader    client.Reader // uncached reads
 	namespace string
@@ -56,19 +56,19 @@ type Issuer struct {
 	takeoverAt time.Time
 }
 
-// NewIssuer returns an issuer that keeps its key, bundle and epoch in namespace.
-func NewIssuer(c client.Client, reader client.Reader, namespace string, clk clock.Clock, log logr.Logger) *Issuer {
-	return &Issuer{
+// NewIssuerIdentity returns an identity that keeps its key, bundle and epoch in namespace.
+func NewIssuerIdentity(c client.Client, reader client.Reader, namespace string, clk clock.Clock, log logr.Logger) *IssuerIdentity {
+	return &IssuerIdentity{
 		client: c, reader: reader, namespace: namespace, clock: clk, log: log,
 		ready: make(chan struct{}),
 	}
 }
 
 // NeedLeaderElection is true: only the leader issues, and taking the lead is what starts a new epoch.
-func (i *Issuer) NeedLeaderElection() bool { return true }
+func (i *IssuerIdentity) NeedLeaderElection() bool { return true }
 
 // Start prepares the issuer and then waits for ctx to end.
-func (i *Issuer) Start(ctx context.Context) error {
+func (i *IssuerIdentity) Start(ctx context.Context) error {
 	signer, err := i.loadOrCreateKey(ctx)
 	if err != nil {
 		return err
@@ -92,7 +92,7 @@ func (i *Issuer) Start(ctx context.Context) error {
 }
 
 // Wait blocks until the issuer is ready or ctx ends.
-func (i *Issuer) Wait(ctx context.Context) error {
+func (i *IssuerIdentity) Wait(ctx context.Context) error {
 	select {
 	case <-i.ready:
 		return nil
@@ -102,7 +102,7 @@ func (i *Issuer) Wait(ctx context.Context) error {
 }
 
 // Ready reports whether Start finished; it backs the readiness probe of the leader.
-func (i *Issuer) Ready() bool {
+func (i *IssuerIdentity) Ready() bool {
 	select {
 	case <-i.ready:
 		return true
@@ -118,14 +118,14 @@ type issuerState struct {
 	revokedBelow int64
 }
 
-func (i *Issuer) state() issuerState {
+func (i *IssuerIdentity) state() issuerState {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	return issuerState{i.signer, i.epoch, i.takeoverAt, i.bundle.RevokedBelowEpoch}
 }
 
 // Epoch returns the current issuer epoch (0 before Start finished).
-func (i *Issuer) Epoch() int64 {
+func (i *IssuerIdentity) Epoch() int64 {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	return i.epoch
@@ -134,7 +134,7 @@ func (i *Issuer) Epoch() int64 {
 // switchSigner makes s the signing key and epoch the issuer epoch in one
 // step, so that no grant is signed by the new key under the old epoch, nor
 // by the old key under the new one (a key rotation, see keyrotation.go).
-func (i *Issuer) switchSigner(s *grant.Signer, epoch int64) {
+func (i *IssuerIdentity) switchSigner(s *grant.Signer, epoch int64) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	i.signer = s
@@ -144,7 +144,7 @@ func (i *Issuer) switchSigner(s *grant.Signer, epoch int64) {
 }
 
 // SigningKeyID is the key ID new grants are signed with ("" before Start finished).
-func (i *Issuer) SigningKeyID() string {
+func (i *IssuerIdentity) SigningKeyID() string {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	if i.signer == nil {
@@ -154,7 +154,7 @@ func (i *Issuer) SigningKeyID() string {
 }
 
 // setBundle installs a new trust bundle and reports whether the revocation epoch changed.
-func (i *Issuer) setBundle(b *grant.TrustBundle) bool {
+func (i *IssuerIdentity) setBundle(b *grant.TrustBundle) bool {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	changed := i.bundle == nil || i.bundle.RevokedBelowEpoch != b.RevokedBelowEpoch
@@ -165,7 +165,7 @@ func (i *Issuer) setBundle(b *grant.TrustBundle) bool {
 // ResyncAll asks the controllers that judge by the issuer's clock to reconcile
 // every FencedResource now, e.g. after the revocation epoch changed or, in
 // tests, after a clock step.
-func (i *Issuer) ResyncAll() {
+func (i *IssuerIdentity) ResyncAll() {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	for _, ch := range i.resyncs {
@@ -178,7 +178,7 @@ func (i *Issuer) ResyncAll() {
 
 // resyncSource is a watch source for a controller that follows ResyncAll:
 // every FencedResource (listed through c) is enqueued.
-func (i *Issuer) resyncSource(c client.Reader) source.TypedSource[reconcile.Request] {
+func (i *IssuerIdentity) resyncSource(c client.Reader) source.TypedSource[reconcile.Request] {
 	ch := make(chan event.GenericEvent, 1)
 	i.mu.Lock()
 	i.resyncs = append(i.resyncs, ch)
@@ -197,13 +197,13 @@ func (i *Issuer) resyncSource(c client.Reader) source.TypedSource[reconcile.Requ
 	}))
 }
 
-func (i *Issuer) key(name string) types.NamespacedName {
+func (i *IssuerIdentity) key(name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: i.namespace, Name: name}
 }
 
 // loadOrCreateKey reads the signing key, creating it on first start. When two
 // instances start at once the second create fails and both use the first key.
-func (i *Issuer) loadOrCreateKey(ctx context.Context) (*grant.Signer, error) {
+func (i *IssuerIdentity) loadOrCreateKey(ctx context.Context) (*grant.Signer, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var sec corev1.Secret
 		err := i.reader.Get(ctx, i.key(locksv1.SigningKeySecret), &sec)
@@ -243,7 +243,7 @@ func (i *Issuer) loadOrCreateKey(ctx context.Context) (*grant.Signer, error) {
 // loadOrCreateBundle reads the trust bundle, creating it with the signing key
 // on first start. An existing bundle that does not trust the signing key is an
 // error: adding keys is a rotation, which is an audited change made by a human.
-func (i *Issuer) loadOrCreateBundle(ctx context.Context, s *grant.Signer) (*grant.TrustBundle, error) {
+func (i *IssuerIdentity) loadOrCreateBundle(ctx context.Context, s *grant.Signer) (*grant.TrustBundle, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var cm corev1.ConfigMap
 		err := i.reader.Get(ctx, i.key(locksv1.TrustBundleConfigMap), &cm)
@@ -280,7 +280,7 @@ func (i *Issuer) loadOrCreateBundle(ctx context.Context, s *grant.Signer) (*gran
 }
 
 // nextEpoch increments the persisted issuer epoch by compare-and-swap and returns the new value.
-func (i *Issuer) nextEpoch(ctx context.Context) (int64, error) {
+func (i *IssuerIdentity) nextEpoch(ctx context.Context) (int64, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return 0, err
