@@ -17,7 +17,7 @@
 //     fence is allocated) → mirror (Events, then the LockGrant statuses of the
 //     handoff, then a bounded share of the bookkeeping: the other statuses and
 //     finalizers). A new Held or Pending phase is mirrored late
-//     (freshholds.go), arrivals that are the only change are deferred
+//     (status_mirror.go), arrivals that are the only change are deferred
 //     (arrivals.go).
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust
 //     bundle and drives key rotation (keyrotation.go: stage a key, wait until

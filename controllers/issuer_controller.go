@@ -49,7 +49,7 @@ type IssuerReconciler struct {
 	Name                    string
 	MaxConcurrentReconciles int
 
-	holds *freshHolds // which LockGrant statuses to write now (freshholds.go)
+	statuses *statusMirror // which LockGrant statuses to write now (status_mirror.go)
 	// arrivals: waiters whose registry queue entry was deferred (arrivals.go)
 	arrivals deferredArrivals
 }
@@ -63,14 +63,14 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	if name == "" {
 		name = "grant-issuer"
 	}
-	r.holds = newFreshHolds(time.Now)
+	r.statuses = newStatusMirror(time.Now)
 	toResource := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(&locksv1.FencedResource{}).
-		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.holds))).
+		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.statuses))).
 		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
@@ -81,11 +81,11 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 }
 
 // notOwnEcho passes every LockGrant event except the cache delivering a
-// status this issuer wrote (freshHolds.ownEcho).
-func notOwnEcho(holds *freshHolds) predicate.Funcs {
+// status this issuer wrote (statusMirror.ownEcho).
+func notOwnEcho(statuses *statusMirror) predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		lg, ok := e.ObjectNew.(*locksv1.LockGrant)
-		return !ok || !holds.ownEcho(lg)
+		return !ok || !statuses.ownEcho(lg)
 	}}
 }
 
@@ -238,7 +238,7 @@ func (r *IssuerReconciler) mirror(ctx context.Context, in *issuer.Input, d *issu
 		}
 		r.Recorder.Eventf(regarding, fr, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
-	statuses, heldDue := r.holds.due(d.GrantStatus, byName)
+	statuses, heldDue := r.statuses.due(d.GrantStatus, byName)
 	handoff, rest := splitHandoff(statuses, byName)
 	for _, c := range handoff {
 		lg := byName[c.Name]
@@ -249,7 +249,7 @@ func (r *IssuerReconciler) mirror(ctx context.Context, in *issuer.Input, d *issu
 			// Keep the order: nothing later is written before this one lands.
 			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
-		r.holds.wrote(lg, c.Status)
+		r.statuses.wrote(lg, c.Status)
 	}
 	retry, more, err := r.bookkeeping(ctx, bookkeepingWrites(rest, d, byName))
 	switch {
@@ -364,7 +364,7 @@ func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error 
 			return err
 		}
 		if w.status != nil {
-			r.holds.wrote(g.lg, *w.status)
+			r.statuses.wrote(g.lg, *w.status)
 		}
 	}
 	return nil

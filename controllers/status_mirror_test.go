@@ -12,9 +12,9 @@ import (
 	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
-func TestFreshHolds(t *testing.T) {
+func TestStatusMirror(t *testing.T) {
 	now := time.Unix(1000, 0)
-	f := newFreshHolds(func() time.Time { return now })
+	f := newStatusMirror(func() time.Time { return now })
 	a, b := waiting("a", 0), waiting("b", time.Second)
 	grants := map[string]*locksv1.LockGrant{"a": &a, "b": &b}
 	held := issuer.GrantStatus{Name: "b", Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
@@ -83,7 +83,7 @@ func TestSoonest(t *testing.T) {
 // Pending had been deferred.
 func TestFreshHoldsDelayPerPhase(t *testing.T) {
 	now := time.Unix(1000, 0)
-	f := newFreshHolds(func() time.Time { return now })
+	f := newStatusMirror(func() time.Time { return now })
 	w := waiting("w", 0)
 	grants := map[string]*locksv1.LockGrant{"w": &w}
 	pending := issuer.GrantStatus{Name: "w", Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}}
@@ -115,7 +115,7 @@ func TestFreshHoldsDelayPerPhase(t *testing.T) {
 	}
 }
 
-// Past maxDeferredHolds deferred statuses (a burst of grants on thousands of
+// Past maxDeferredStatuses deferred statuses (a burst of grants on thousands of
 // resources), new ones are written at once, and those already deferred keep
 // their time: before, the whole memory was cleared, every deferral restarted
 // from zero, the map filled again within the delay, and nothing was ever due
@@ -123,13 +123,13 @@ func TestFreshHoldsDelayPerPhase(t *testing.T) {
 // requeueing millions of times).
 func TestFreshHoldsBound(t *testing.T) {
 	now := time.Unix(1000, 0)
-	f := newFreshHolds(func() time.Time { return now })
+	f := newStatusMirror(func() time.Time { return now })
 	grants := map[string]*locksv1.LockGrant{}
 	held := func(name string) issuer.GrantStatus {
 		return issuer.GrantStatus{Name: name, Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld}}
 	}
 	var planned []issuer.GrantStatus
-	for i := range maxDeferredHolds {
+	for i := range maxDeferredStatuses {
 		name := fmt.Sprintf("g%d", i)
 		lg := waiting(name, time.Duration(i))
 		grants[name] = &lg
@@ -145,8 +145,8 @@ func TestFreshHoldsBound(t *testing.T) {
 		t.Fatal("a status past the bound was deferred")
 	}
 	now = now.Add(heldMirrorDelay / 2)
-	if write, _ := f.due(planned, grants); len(write) != maxDeferredHolds {
-		t.Fatalf("%d of %d deferred statuses due after the delay", len(write), maxDeferredHolds)
+	if write, _ := f.due(planned, grants); len(write) != maxDeferredStatuses {
+		t.Fatalf("%d of %d deferred statuses due after the delay", len(write), maxDeferredStatuses)
 	}
 }
 
@@ -157,7 +157,7 @@ func TestFreshHoldsBound(t *testing.T) {
 // shows the write, or after landedMemory, the cache decides again.
 func TestFreshHoldsLanded(t *testing.T) {
 	now := time.Unix(1000, 0)
-	f := newFreshHolds(func() time.Time { return now })
+	f := newStatusMirror(func() time.Time { return now })
 	a := waiting("a", 0)
 	a.ResourceVersion = "10"
 	grants := map[string]*locksv1.LockGrant{"a": &a}
@@ -208,7 +208,7 @@ func TestFreshHoldsLanded(t *testing.T) {
 }
 
 func TestNotOwnEcho(t *testing.T) {
-	f := newFreshHolds(time.Now)
+	f := newStatusMirror(time.Now)
 	pass := notOwnEcho(f)
 	a := waiting("a", 0)
 	a.ResourceVersion = "10"

@@ -34,23 +34,23 @@ func mirrorDelay(phase locksv1.LockGrantPhase) time.Duration {
 	return heldMirrorDelay
 }
 
-// maxDeferredHolds bounds the memory of deferred writes: past it, a new one
+// maxDeferredStatuses bounds the memory of deferred writes: past it, a new one
 // is written at once, and those already deferred keep their time. (Clearing
 // the memory instead restarts every deferral, and a burst larger than the
 // bound then never comes due.) An entry is forgotten when its status is
 // written; one whose LockGrant is never planned again (deleted) is dropped
 // once it is staleDeferral old.
 const (
-	maxDeferredHolds = 4096
-	staleDeferral    = 10 * pendingMirrorDelay
+	maxDeferredStatuses = 4096
+	staleDeferral       = 10 * pendingMirrorDelay
 )
 
-// freshHolds decides which planned LockGrant statuses to write now: a move to
+// statusMirror decides which planned LockGrant statuses to write now: a move to
 // a new non-final phase is deferred for that phase's mirrorDelay of real time
 // (the issuer's clock may be injected and stand still), counted from the
 // first decision that planned that phase; everything else (final statuses,
 // renewals and condition updates within a phase) is written at once.
-type freshHolds struct {
+type statusMirror struct {
 	now    func() time.Time
 	mu     sync.Mutex
 	since  map[types.UID]deferral
@@ -80,13 +80,13 @@ type deferral struct {
 	first time.Time
 }
 
-func newFreshHolds(now func() time.Time) *freshHolds {
-	return &freshHolds{now: now, since: map[types.UID]deferral{}, landed: map[types.UID]landing{}}
+func newStatusMirror(now func() time.Time) *statusMirror {
+	return &statusMirror{now: now, since: map[types.UID]deferral{}, landed: map[types.UID]landing{}}
 }
 
 // due returns the statuses to write now, in the planned order, and how long
 // until the earliest deferred one is due (0 when none is deferred).
-func (f *freshHolds) due(planned []issuer.GrantStatus, grants map[string]*locksv1.LockGrant) ([]issuer.GrantStatus, time.Duration) {
+func (f *statusMirror) due(planned []issuer.GrantStatus, grants map[string]*locksv1.LockGrant) ([]issuer.GrantStatus, time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
@@ -111,13 +111,13 @@ func (f *freshHolds) due(planned []issuer.GrantStatus, grants map[string]*locksv
 
 // wrote records that status was written to lg, whose resourceVersion is
 // now the one the write produced.
-func (f *freshHolds) wrote(lg *locksv1.LockGrant, status locksv1.LockGrantStatus) {
+func (f *statusMirror) wrote(lg *locksv1.LockGrant, status locksv1.LockGrantStatus) {
 	if lg == nil {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.landed) >= maxDeferredHolds {
+	if len(f.landed) >= maxDeferredStatuses {
 		f.landed = map[types.UID]landing{} // only a saving is lost: the cache decides
 	}
 	f.landed[lg.UID] = landing{resourceVersion: lg.ResourceVersion, status: status, at: f.now()}
@@ -130,7 +130,7 @@ func (f *freshHolds) wrote(lg *locksv1.LockGrant, status locksv1.LockGrantStatus
 // the next event that does matter (a release arriving just then waited for
 // the echo's reconcile). An echo that arrives before the write's response
 // is recorded is not recognized and reconciled as before.
-func (f *freshHolds) ownEcho(lg *locksv1.LockGrant) bool {
+func (f *statusMirror) ownEcho(lg *locksv1.LockGrant) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	l, ok := f.landed[lg.UID]
@@ -140,7 +140,7 @@ func (f *freshHolds) ownEcho(lg *locksv1.LockGrant) bool {
 // alreadyLanded reports whether s was written already and lg, the cache's
 // view, is older than that write: a final status is never written twice,
 // and another status only when it says something new.
-func (f *freshHolds) alreadyLanded(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.Time) bool {
+func (f *statusMirror) alreadyLanded(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.Time) bool {
 	if lg == nil {
 		return false
 	}
@@ -157,7 +157,7 @@ func (f *freshHolds) alreadyLanded(s issuer.GrantStatus, lg *locksv1.LockGrant, 
 
 // left is how long s must still wait (≤ 0: write it now), remembering when
 // its phase was first planned and forgetting it once it is due.
-func (f *freshHolds) left(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.Time) time.Duration {
+func (f *statusMirror) left(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.Time) time.Duration {
 	if lg == nil {
 		return 0
 	}
@@ -167,7 +167,7 @@ func (f *freshHolds) left(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.
 	}
 	d, ok := f.since[lg.UID]
 	if !ok || d.phase != s.Status.Phase {
-		if !ok && len(f.since) >= maxDeferredHolds {
+		if !ok && len(f.since) >= maxDeferredStatuses {
 			return 0
 		}
 		d = deferral{phase: s.Status.Phase, first: now}
@@ -181,8 +181,8 @@ func (f *freshHolds) left(s issuer.GrantStatus, lg *locksv1.LockGrant, now time.
 }
 
 // prune drops, at the bound, deferrals of LockGrants never planned again.
-func (f *freshHolds) prune(now time.Time) {
-	if len(f.since) < maxDeferredHolds {
+func (f *statusMirror) prune(now time.Time) {
+	if len(f.since) < maxDeferredStatuses {
 		return
 	}
 	for uid, d := range f.since {
