@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -148,7 +149,7 @@ func (l *Lock) createOrRecover(ctx context.Context) error {
 		} else if !apierrors.IsNotFound(err) {
 			return err
 		}
-		if err := sleep(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+		if err := ctxtime.Sleep(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 			return err
 		}
 	}

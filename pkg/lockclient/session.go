@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 // Keeping the grant: one watch of the LockGrant, from its create to the
@@ -75,7 +76,7 @@ func (l *Lock) watchLockGrant(ctx context.Context, resourceVersion string, out c
 			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: resourceVersion}})
 		resourceVersion = ""
 		if err != nil {
-			_ = sleep(ctx, 200*time.Millisecond)
+			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			continue
 		}
 		for ev := range w.ResultChan() {
