@@ -43,7 +43,7 @@ func (l *Lock) startSession(lg *locksv1.LockGrant) {
 	l.mu.Lock()
 	l.view = lg
 	l.mu.Unlock()
-	l.advance(learned{kind: observed, phase: locksv1.PhaseHeld, confirmed: true})
+	l.advance(Event{Kind: EventObserved, Phase: locksv1.PhaseHeld, Confirmed: true})
 	go l.keepAlive(l.following)
 }
 
@@ -116,13 +116,13 @@ func (l *Lock) applyView(lg *locksv1.LockGrant) {
 	if lg.Status.Phase != locksv1.PhaseReleased {
 		why = conditionMessage(lg)
 	}
-	l.advance(learned{kind: observed, phase: lg.Status.Phase, confirmed: lg.Status.ObservedRenewals >= pending, why: why})
+	l.advance(Event{Kind: EventObserved, Phase: lg.Status.Phase, Confirmed: lg.Status.ObservedRenewals >= pending, Why: why})
 }
 
 // renewOrQuery runs once per interval: after an unconfirmed renewal it asks the
 // server where things stand; otherwise it renews.
 func (l *Lock) renewOrQuery(ctx context.Context) {
-	l.advance(learned{kind: intervalPassed})
+	l.advance(Event{Kind: EventIntervalPassed})
 	if l.State() == StateOwnershipUnknown {
 		qctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
 		defer cancel()
@@ -152,7 +152,7 @@ func (l *Lock) renew(ctx context.Context) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var lg locksv1.LockGrant
 		if err := l.c.kube.Get(rctx, l.key, &lg); err != nil {
-			l.advance(learned{kind: noAnswer})
+			l.advance(Event{Kind: EventNoAnswer})
 			return
 		}
 		l.applyView(&lg)
@@ -164,7 +164,7 @@ func (l *Lock) renew(ctx context.Context) {
 		l.mu.Lock()
 		l.pending = lg.Spec.Renewals
 		l.mu.Unlock()
-		l.advance(learned{kind: renewalSent})
+		l.advance(Event{Kind: EventRenewalSent})
 		err := l.c.kube.Update(rctx, &lg)
 		switch {
 		case err == nil:
@@ -173,17 +173,17 @@ func (l *Lock) renew(ctx context.Context) {
 			continue
 		default:
 			// Lost response, timeout or refusal: we cannot know where we stand.
-			l.advance(learned{kind: noAnswer})
+			l.advance(Event{Kind: EventNoAnswer})
 			return
 		}
 	}
-	l.advance(learned{kind: noAnswer}) // three conflicts in a row: no confirmed renewal
+	l.advance(Event{Kind: EventNoAnswer}) // three conflicts in a row: no confirmed renewal
 }
 
-// advance moves the state machine (next) on what the lock learned.
-func (l *Lock) advance(what learned) {
+// advance moves the state machine (Next) on what the lock learned.
+func (l *Lock) advance(e Event) {
 	l.mu.Lock()
-	s, cause := next(l.state, what)
+	s, cause := Next(l.state, e)
 	if s == l.state {
 		l.mu.Unlock()
 		return
