@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 // maxQuarantine bounds status.quarantine (the CRD enforces the same bound).
@@ -89,7 +90,7 @@ func (s *StatusRecorder) Start(ctx context.Context) error {
 					}
 					p.quarantine = append(o.quarantine, p.quarantine...)
 				})
-				if sleep(ctx, time.Second) != nil {
+				if ctxtime.Sleep(ctx, time.Second) != nil {
 					return nil
 				}
 			}
@@ -128,20 +129,9 @@ func (s *StatusRecorder) record(ctx context.Context, key types.NamespacedName, o
 		if !apierrors.IsConflict(err) {
 			return err
 		}
-		if err := sleep(ctx, time.Duration(attempt+1)*5*time.Millisecond); err != nil {
+		if err := ctxtime.Sleep(ctx, time.Duration(attempt+1)*5*time.Millisecond); err != nil {
 			return err
 		}
 	}
 	return fmt.Errorf("FencedResource %s kept changing; observation not recorded", key)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -10,8 +10,10 @@
 // receipt-log check included. Decide, within it, applies the grant and fence
 // rules in the contract's order; a store of another kind applies them too.
 // The admission webhook gathers, calls DecideWrite and responds; the
-// simulator drives that webhook, the benchmarks call DecideWrite, and the
-// worker client builds what it sends with Stamp.
+// simulator drives that webhook, and the benchmarks call DecideWrite and
+// Decide. The worker client decides nothing here: it builds what it sends
+// with Stamp, and reads the stored state back (StateOf, ParseReceipts) to
+// number its next segment and to resolve a write of unknown outcome.
 package fence
 
 import (

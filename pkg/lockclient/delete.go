@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -85,7 +86,7 @@ func (op *Operation) deleteAt(ctx context.Context, obj client.Object, uid types.
 		if rerr != nil || deleted {
 			return rerr
 		}
-		if err := sleep(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+		if err := ctxtime.Sleep(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 			return fmt.Errorf("%w: delete of %s got no answer and may still land: %v", ErrMutationUnknown, obj.GetName(), err)
 		}
 	}
@@ -130,7 +131,7 @@ func (op *Operation) deleted(ctx context.Context, obj client.Object, uid types.U
 		case err == nil:
 			return false, fmt.Errorf("%w: %s changed while its delete was in flight", ErrChangedSinceIntent, obj.GetName())
 		}
-		if serr := sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
+		if serr := ctxtime.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
 			return false, fmt.Errorf("%w: delete of %s sent, its outcome unreadable: %v", ErrMutationUnknown, obj.GetName(), serr)
 		}
 	}

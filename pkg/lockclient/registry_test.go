@@ -23,13 +23,13 @@ func TestHeldFromRegistry(t *testing.T) {
 			Status: locksv1.FencedResourceStatus{Holder: &locksv1.Holder{GrantName: "batch-1", GrantUID: uid, FenceToken: 7, TTLSeconds: 10,
 				ExpiresAt: metav1.NewMicroTime(time.Unix(100, 0)), Digest: "sha256:d", Proof: "ed25519:k:p", ObservedRenewals: 2}}}
 	}
-	if lg := l.heldFrom(&locksv1.FencedResource{}); lg != nil {
+	if lg := l.heldFromRecord(&locksv1.FencedResource{}); lg != nil {
 		t.Fatalf("no holder: held %v", lg.Status)
 	}
-	if lg := l.heldFrom(holder("uid-0")); lg != nil {
+	if lg := l.heldFromRecord(holder("uid-0")); lg != nil {
 		t.Fatal("a LockGrant of the same name but another UID (a deleted and re-created one) counted as ours")
 	}
-	lg := l.heldFrom(holder("uid-1"))
+	lg := l.heldFromRecord(holder("uid-1"))
 	if lg == nil || lg.Status.Phase != locksv1.PhaseHeld || lg.Status.Grant.FenceToken != 7 || lg.Status.Grant.Resource != "billing/batch" ||
 		lg.Status.Proof != "ed25519:k:p" || lg.Status.ObservedRenewals != 2 || lg.UID != "uid-1" {
 		t.Fatalf("held view = %+v", lg)
@@ -44,11 +44,11 @@ func TestHeldFromRegistry(t *testing.T) {
 func TestObserveIgnoresALaggingMirror(t *testing.T) {
 	held := &locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, Grant: &locksv1.GrantDocument{FenceToken: 3}}}
 	l := &Lock{view: held, state: StateHeld, done: make(chan struct{})}
-	l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}})
+	l.applyView(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhasePending}})
 	if l.State() != StateHeld || l.Fence() != 3 {
 		t.Fatalf("state %s, fence %d after a lagging mirror", l.State(), l.Fence())
 	}
-	l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased, Grant: &locksv1.GrantDocument{FenceToken: 3}}})
+	l.applyView(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased, Grant: &locksv1.GrantDocument{FenceToken: 3}}})
 	if l.State() != StateReleased {
 		t.Fatalf("state %s after the mirror showed the release", l.State())
 	}
@@ -70,7 +70,7 @@ func TestObserveEndsOnATerminalPhaseWithoutTheGrant(t *testing.T) {
 	} {
 		held := &locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, Grant: &locksv1.GrantDocument{FenceToken: 3}}}
 		l := &Lock{view: held, state: StateHeld, done: make(chan struct{})}
-		l.observe(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: c.phase}})
+		l.applyView(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: c.phase}})
 		if l.State() != c.state || !errors.Is(l.Err(), c.err) || l.Fence() != 3 {
 			t.Errorf("%s without the grant: state %s, err %v, fence %d; want %s, %v, 3", c.phase, l.State(), l.Err(), l.Fence(), c.state, c.err)
 		}

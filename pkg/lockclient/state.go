@@ -6,30 +6,35 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// learned is what the lock found out about its grant; next turns it into a
-// state. Everything the lock does goes through next, so the state machine of
-// DESIGN.md ("Worker client states") is one pure function, tested without a server.
-type learned struct {
-	kind learnedKind
-	// phase is the LockGrant's phase in a confirmed view (kind observed).
-	phase locksv1.LockGrantPhase
-	// confirmed: that view shows every renewal this lock sent (kind observed).
-	confirmed bool
-	// why is the issuer's explanation, carried into the error of a final state.
-	why string
+// Event is what a lock learned about its grant; Next turns it into a state.
+// Everything the Lock learns goes through Next, so the state machine of
+// DESIGN.md ("Worker client states") is one pure function: tested without a
+// server, and driven by the simulator (test/sim) exactly as by the Lock.
+type Event struct {
+	Kind EventKind
+	// Phase is the LockGrant's phase in a confirmed view (EventObserved).
+	Phase locksv1.LockGrantPhase
+	// Confirmed: that view shows every renewal the lock sent (EventObserved).
+	// The Lock's query in OWNERSHIP_UNKNOWN that finds the grant Held waits
+	// for no renewal but those the issuer observed, so its answer is confirmed.
+	Confirmed bool
+	// Why is the issuer's explanation, carried into the error of a final state.
+	Why string
 }
 
-type learnedKind int
+// EventKind says which Event happened.
+type EventKind int
 
+// The kinds of Event.
 const (
-	// observed: the API server confirmed a view of the LockGrant.
-	observed learnedKind = iota
-	// renewalSent: a renewal was written; the issuer has not confirmed it yet.
-	renewalSent
-	// noAnswer: a renewal or query got no answer, or an uncertain one.
-	noAnswer
-	// intervalPassed: a renewal interval passed.
-	intervalPassed
+	// EventObserved: the API server confirmed a view of the LockGrant.
+	EventObserved EventKind = iota
+	// EventRenewalSent: a renewal was written; the issuer has not confirmed it yet.
+	EventRenewalSent
+	// EventNoAnswer: a renewal or query got no answer, or an uncertain one.
+	EventNoAnswer
+	// EventIntervalPassed: a renewal interval passed.
+	EventIntervalPassed
 )
 
 // final reports whether s ends the lock.
@@ -52,41 +57,43 @@ func phaseOutcome(p locksv1.LockGrantPhase) (State, error) {
 	return StateRequested, nil // Pending, or not decided yet
 }
 
-// next is the lock's state machine: REQUESTED → HELD → RENEWING → HELD; an
-// uncertain renewal or query → OWNERSHIP_UNKNOWN until a confirmed view;
-// server-confirmed expiry → EXPIRED; release → RELEASED. EXPIRED and RELEASED
-// are final. The error is set only for a final state.
-func next(s State, l learned) (State, error) {
+// Next is the lock's state machine: the state that follows s once e
+// happened. REQUESTED → HELD → RENEWING → HELD; an uncertain renewal or
+// query → OWNERSHIP_UNKNOWN until a confirmed view; server-confirmed expiry →
+// EXPIRED; release → RELEASED. EXPIRED and RELEASED are final. The error,
+// set only when Next enters a final state, is why the lock ended (ErrExpired,
+// ErrDenied or ErrReleased, with the issuer's explanation).
+func Next(s State, e Event) (State, error) {
 	if final(s) {
 		return s, nil
 	}
-	switch l.kind {
-	case renewalSent:
+	switch e.Kind {
+	case EventRenewalSent:
 		if s == StateHeld {
 			return StateRenewing, nil
 		}
-	case noAnswer:
+	case EventNoAnswer:
 		return StateOwnershipUnknown, nil
-	case intervalPassed:
+	case EventIntervalPassed:
 		// A renewal still unconfirmed a whole interval later is an uncertain one.
 		if s == StateRenewing {
 			return StateOwnershipUnknown, nil
 		}
-	case observed:
-		return nextObserved(s, l)
+	case EventObserved:
+		return nextObserved(s, e)
 	}
 	return s, nil
 }
 
-func nextObserved(s State, l learned) (State, error) {
-	to, err := phaseOutcome(l.phase)
+func nextObserved(s State, e Event) (State, error) {
+	to, err := phaseOutcome(e.Phase)
 	switch {
 	case final(to):
-		if l.why != "" {
-			err = fmt.Errorf("%w: %s", err, l.why)
+		if e.Why != "" {
+			err = fmt.Errorf("%w: %s", err, e.Why)
 		}
 		return to, err
-	case to == StateHeld && l.confirmed:
+	case to == StateHeld && e.Confirmed:
 		// Held, with every renewal applied: a certain answer, from any live state.
 		return StateHeld, nil
 	}

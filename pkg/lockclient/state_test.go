@@ -8,34 +8,34 @@ import (
 )
 
 func TestNext(t *testing.T) {
-	seen := func(p locksv1.LockGrantPhase, confirmed bool) learned {
-		return learned{kind: observed, phase: p, confirmed: confirmed, why: "issuer says so"}
+	seen := func(p locksv1.LockGrantPhase, confirmed bool) Event {
+		return Event{Kind: EventObserved, Phase: p, Confirmed: confirmed, Why: "issuer says so"}
 	}
 	for _, c := range []struct {
 		name string
 		from State
-		l    learned
+		e    Event
 		to   State
 		err  error
 	}{
 		{"granted", StateRequested, seen(locksv1.PhaseHeld, true), StateHeld, nil},
 		{"still pending", StateRequested, seen(locksv1.PhasePending, true), StateRequested, nil},
 		{"denied before holding", StateRequested, seen(locksv1.PhaseDenied, true), StateExpired, ErrDenied},
-		{"renewal sent", StateHeld, learned{kind: renewalSent}, StateRenewing, nil},
+		{"renewal sent", StateHeld, Event{Kind: EventRenewalSent}, StateRenewing, nil},
 		{"renewal confirmed", StateRenewing, seen(locksv1.PhaseHeld, true), StateHeld, nil},
 		{"held, renewal not yet applied", StateRenewing, seen(locksv1.PhaseHeld, false), StateRenewing, nil},
-		{"renewal unanswered", StateRenewing, learned{kind: noAnswer}, StateOwnershipUnknown, nil},
-		{"renewal unconfirmed for an interval", StateRenewing, learned{kind: intervalPassed}, StateOwnershipUnknown, nil},
-		{"an interval while held", StateHeld, learned{kind: intervalPassed}, StateHeld, nil},
+		{"renewal unanswered", StateRenewing, Event{Kind: EventNoAnswer}, StateOwnershipUnknown, nil},
+		{"renewal unconfirmed for an interval", StateRenewing, Event{Kind: EventIntervalPassed}, StateOwnershipUnknown, nil},
+		{"an interval while held", StateHeld, Event{Kind: EventIntervalPassed}, StateHeld, nil},
 		{"query answers held", StateOwnershipUnknown, seen(locksv1.PhaseHeld, true), StateHeld, nil},
 		{"query answers expired", StateOwnershipUnknown, seen(locksv1.PhaseExpired, true), StateExpired, ErrExpired},
 		{"revoked", StateHeld, seen(locksv1.PhaseRevoked, true), StateExpired, ErrExpired},
 		{"released", StateRenewing, seen(locksv1.PhaseReleased, false), StateReleased, ErrReleased},
-		{"no renewal from unknown", StateOwnershipUnknown, learned{kind: renewalSent}, StateOwnershipUnknown, nil},
+		{"no renewal from unknown", StateOwnershipUnknown, Event{Kind: EventRenewalSent}, StateOwnershipUnknown, nil},
 		{"expired is final", StateExpired, seen(locksv1.PhaseHeld, true), StateExpired, nil},
-		{"released is final", StateReleased, learned{kind: noAnswer}, StateReleased, nil},
+		{"released is final", StateReleased, Event{Kind: EventNoAnswer}, StateReleased, nil},
 	} {
-		to, err := next(c.from, c.l)
+		to, err := Next(c.from, c.e)
 		if to != c.to || (c.err == nil) != (err == nil) || (c.err != nil && !errors.Is(err, c.err)) {
 			t.Errorf("%s: %s -> %s (%v), want %s (%v)", c.name, c.from, to, err, c.to, c.err)
 		}

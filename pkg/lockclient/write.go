@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -309,7 +310,7 @@ func (op *Operation) observeRetrying(ctx context.Context, obj client.Object) (Ob
 		if seen, err = op.observe(ctx, obj); err == nil {
 			return seen, nil
 		}
-		if serr := sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
+		if serr := ctxtime.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond); serr != nil {
 			// The caller's time ran out with the outcome still unknown: it
 			// must not look like an ordinary error (found by make chaos).
 			return Observed{}, serr
@@ -368,7 +369,7 @@ func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, wa
 		case definitive(err):
 			return err
 		}
-		if sleep(ctx, min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)) != nil {
+		if ctxtime.Sleep(ctx, min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)) != nil {
 			return err
 		}
 	}

@@ -17,8 +17,9 @@ const maxTriesPerJob = 20
 // worker follows DESIGN.md's client rules ("Worker client states"), one
 // request at a time, like the client library's Acquire/renew/Commit:
 //
-//   - lock: REQUESTED → HELD → RENEWING → HELD; an unanswered renewal or query
-//     → OWNERSHIP_UNKNOWN; server-confirmed end → EXPIRED or RELEASED;
+//   - lock: its state is the client library's, computed by its state machine
+//     (lockclient.Next) from what the worker learned: a renewal sent, no
+//     answer, an interval passed, a confirmed view of the LockGrant;
 //   - a lost acquire response is recovered by reading the same requestID;
 //   - the guard: a new effect (a write) is started only in HELD;
 //   - a write without an answer is MUTATION_UNKNOWN, resolved from the
@@ -57,6 +58,7 @@ type worker struct {
 
 // clientLock is the worker's view of one acquisition.
 type clientLock struct {
+	// state is the lock's state, as lockclient.Next computes it (learn).
 	state        lockclient.State
 	grantName    string
 	requestID    string
@@ -82,6 +84,22 @@ type clientLock struct {
 	// deleted: this lock deleted the object; its re-creation is tagged
 	// with FaultDeclaredDelete.
 	deleted bool
+	// orphaned: the worker stopped following this lock, as an application
+	// calls Lock.Orphan, and starts over; its state stays what the library
+	// last computed.
+	orphaned bool
+}
+
+// ended: the library ended the lock (EXPIRED or RELEASED), or the worker
+// orphaned it.
+func (l *clientLock) ended() bool {
+	return l.orphaned || l.state == lockclient.StateExpired || l.state == lockclient.StateReleased
+}
+
+// mayStartEffects is the guard: a new effect (a write) only in HELD, and not
+// while releasing.
+func (l *clientLock) mayStartEffects() bool {
+	return l.state == lockclient.StateHeld && !l.releasing && !l.orphaned
 }
 
 type unknownWrite struct {
@@ -141,6 +159,9 @@ func (k *worker) describe() string {
 	s := fmt.Sprintf("jobs left %d", k.jobsLeft)
 	if l := k.lock; l != nil {
 		s += fmt.Sprintf(", lock %s %s committed %d/%d", l.requestID, l.state, l.committed, k.segments)
+		if l.orphaned {
+			s += " (orphaned)"
+		}
 	}
 	if k.unknown != nil {
 		s += ", MUTATION_UNKNOWN"
@@ -156,10 +177,33 @@ func (k *worker) send(r *request) {
 
 func (k *worker) sleep(d time.Duration) { k.wakeAt = k.w.now.Add(d) }
 
-func (k *worker) setState(s lockclient.State) {
-	if l := k.lock; l != nil && l.state != s {
-		k.w.tracef("%s: %s -> %s", k.name, l.state, s)
-		l.state = s
+// learn moves the lock's state by the client library's state machine
+// (lockclient.Next) on what the worker learned, as the Lock does; the worker
+// never sets a state itself. It returns the state before.
+func (k *worker) learn(e lockclient.Event) (from lockclient.State) {
+	l := k.lock
+	from = l.state
+	to, why := lockclient.Next(from, e)
+	if to != from {
+		if why != nil {
+			k.w.tracef("%s: %s -> %s (%v)", k.name, from, to, why)
+		} else {
+			k.w.tracef("%s: %s -> %s", k.name, from, to)
+		}
+		l.state = to
+	}
+	return from
+}
+
+// orphan stops following the lock, as an application calls Lock.Orphan when
+// its grant is gone: the Lock has no transition for a LockGrant that no
+// longer exists or carries another grant (it takes NotFound for no answer and
+// ignores a view of another grant, so it stays OWNERSHIP_UNKNOWN or where it
+// was). The state stays what Next computed; the worker starts over.
+func (k *worker) orphan(why string) {
+	if l := k.lock; l != nil && !l.orphaned {
+		k.w.tracef("%s: orphans its lock in %s: %s", k.name, l.state, why)
+		l.orphaned = true
 	}
 }
 
@@ -191,10 +235,15 @@ func (k *worker) act() {
 		k.settleThen = func() {} // nothing left to write under: decide them
 		return
 	}
+	if l != nil && l.held && !l.ended() && !k.w.now.Before(l.nextRenew) {
+		// The Lock's renewal tick: a renewal still unconfirmed a whole
+		// interval after it was sent is an uncertain one.
+		k.learn(lockclient.Event{Kind: lockclient.EventIntervalPassed})
+	}
 	switch {
 	case l == nil:
 		k.acquire()
-	case l.state == lockclient.StateExpired || l.state == lockclient.StateReleased:
+	case l.ended():
 		k.lockEnded()
 	case l.state == lockclient.StateRequested && !l.created:
 		k.createGrant()
@@ -250,7 +299,8 @@ func (k *worker) createGrant() {
 func (k *worker) renew() {
 	l := k.lock
 	l.renewals++
-	k.setState(lockclient.StateRenewing)
+	l.nextRenew = k.w.now.Add(renewEvery) // the next tick
+	k.learn(lockclient.Event{Kind: lockclient.EventRenewalSent})
 	r := &request{kind: reqRenew, grantName: l.grantName, renewals: l.renewals}
 	if k.armed.lostRenewal {
 		k.armed.lostRenewal = false
@@ -316,14 +366,18 @@ func (k *worker) onReply(rp *reply) {
 		}
 	case reqRenew:
 		if l != nil && rp.status == replyNotFound {
-			k.setState(lockclient.StateExpired)
+			// The registry keeps no record of our grant: the Lock's renewal
+			// takes that for no answer.
+			k.learn(lockclient.Event{Kind: lockclient.EventNoAnswer})
+			k.orphan("the renewal finds no LockGrant")
 		}
 	case reqRelease:
 		if l == nil {
 			break
 		}
 		if rp.status == replyNotFound {
-			k.setState(lockclient.StateReleased)
+			// Release returns the error and leaves the state as it was.
+			k.orphan("the release finds no LockGrant")
 			break
 		}
 		l.releaseAcked = true
@@ -357,10 +411,15 @@ func (k *worker) timeout() {
 			l.created = true
 		}
 	case reqRenew:
-		k.setState(lockclient.StateOwnershipUnknown)
+		if l != nil {
+			k.learn(lockclient.Event{Kind: lockclient.EventNoAnswer})
+		}
 	case reqGetGrant:
-		if l != nil && l.state == lockclient.StateRenewing {
-			k.setState(lockclient.StateOwnershipUnknown)
+		// A renewal's confirmation or a query got no answer. (The read of a
+		// request not held yet, or of a release, stands for the Lock's
+		// watch: silence there changes nothing.)
+		if l != nil && (l.state == lockclient.StateRenewing || l.state == lockclient.StateOwnershipUnknown) {
+			k.learn(lockclient.Event{Kind: lockclient.EventNoAnswer})
 		}
 	case reqWriteObject:
 		k.unknown = &unknownWrite{sent: lockclient.Sent{Receipt: r.receipt, Create: r.create, ResourceVersion: r.rv, GrantDigest: k.w.grantDigestOf(r)},
@@ -377,36 +436,48 @@ func (k *worker) observe(rp *reply) {
 		if !l.held {
 			l.created = false // lost on the way, or the registry was restored: create it again
 		} else {
-			k.setState(lockclient.StateExpired) // the registry keeps no record of our grant
+			// The registry keeps no record of our grant. The Lock's next
+			// renewal or query takes that for no answer.
+			k.learn(lockclient.Event{Kind: lockclient.EventNoAnswer})
+			k.orphan("its LockGrant is gone")
 		}
 		return
 	}
 	lg := rp.grant
 	if l.held && lg.Status.Grant != nil && lg.Status.Digest != l.digest {
-		k.setState(lockclient.StateExpired) // a restored registry issued this request anew: our grant is gone
+		// A restored registry issued this request anew: our grant is gone.
+		// The Lock ignores a view of another grant.
+		k.orphan("its LockGrant carries another grant")
 		return
 	}
-	switch lg.Status.Phase {
-	case locksv1.PhaseHeld:
-		switch {
-		case !l.held && lg.Status.Grant != nil:
+	seen := lockclient.Event{Kind: lockclient.EventObserved, Phase: lg.Status.Phase}
+	switch {
+	case l.held:
+		seen.Confirmed = lg.Status.ObservedRenewals >= l.renewals
+		if lg.Status.Phase == locksv1.PhaseHeld && l.state == lockclient.StateOwnershipUnknown {
+			// The query's answer: the issuer still counts us as the holder,
+			// whatever became of the renewal.
+			l.renewals, seen.Confirmed = max(l.renewals, lg.Spec.Renewals), true
+		}
+		switch from := k.learn(seen); {
+		case l.state != lockclient.StateHeld || from == lockclient.StateHeld:
+			// not back in HELD: nothing to reschedule
+		case from == lockclient.StateOwnershipUnknown:
+			l.nextRenew = k.w.now // renew at once
+		default: // the renewal is confirmed
+			l.nextRenew = k.w.now.Add(renewEvery)
+		}
+	case lg.Status.Phase == locksv1.PhaseHeld && lg.Status.Grant == nil:
+		// Not decided for Acquire until the view carries the grant.
+	default:
+		if lg.Status.Phase == locksv1.PhaseHeld {
 			l.held, l.grant, l.proof, l.digest = true, lg.Status.Grant.ToGrant(), lg.Status.Proof, lg.Status.Digest
 			l.renewals, l.nextRenew = lg.Spec.Renewals, k.w.now.Add(renewEvery)
 			l.operation = fmt.Sprintf("%s-op%d", k.name, k.attempt)
 			l.workUntil = k.w.now.Add(computeTime(k.w))
-			k.setState(lockclient.StateHeld)
-		case l.state == lockclient.StateOwnershipUnknown:
-			// A confirmed answer: the issuer still counts us as the holder.
-			l.renewals, l.nextRenew = max(l.renewals, lg.Spec.Renewals), k.w.now
-			k.setState(lockclient.StateHeld)
-		case l.state == lockclient.StateRenewing && lg.Status.ObservedRenewals >= l.renewals:
-			l.nextRenew = k.w.now.Add(renewEvery)
-			k.setState(lockclient.StateHeld)
 		}
-	case locksv1.PhaseExpired, locksv1.PhaseRevoked, locksv1.PhaseDenied:
-		k.setState(lockclient.StateExpired)
-	case locksv1.PhaseReleased:
-		k.setState(lockclient.StateReleased)
+		seen.Confirmed = true // as the Lock enters HELD (startSession)
+		k.learn(seen)
 	}
 	switch {
 	case l.state == lockclient.StateRequested:
@@ -470,7 +541,7 @@ func (k *worker) reacquireAtOnce() {
 // is checked here, before the effect is started.
 func (k *worker) prepare(obj map[string]any, deleted *locksv1.DeletedTarget) {
 	l := k.lock
-	if l == nil || l.state != lockclient.StateHeld || l.releasing {
+	if l == nil || !l.mayStartEffects() {
 		return // no new effect unless HELD
 	}
 	exists := obj != nil
@@ -566,7 +637,7 @@ func (k *worker) writeAnswered(rp *reply) {
 		if l != nil && l.digest == k.w.grantDigestOf(r) {
 			l.committed = max(l.committed, r.receipt.Segment)
 			l.workUntil = k.w.now.Add(computeTime(k.w))
-			if r.deleteAfter && rp.status == replyOK && l.state == lockclient.StateHeld && !l.releasing {
+			if r.deleteAfter && rp.status == replyOK && l.mayStartEffects() {
 				// Delete exactly the object the intent segment wrote.
 				k.send(&request{kind: reqDeleteObject, rv: rp.rv, fault: FaultDeclaredDelete})
 			}
@@ -613,11 +684,11 @@ func (k *worker) giveUp() {
 	if l == nil {
 		return
 	}
-	if l.held && !l.releasing && l.state != lockclient.StateExpired && l.state != lockclient.StateReleased {
+	if l.held && !l.releasing && !l.ended() {
 		l.releasing = true
 		return
 	}
-	k.setState(lockclient.StateExpired)
+	k.orphan("its writes are refused")
 }
 
 // settle decides the sends that got no answer from a read (the client

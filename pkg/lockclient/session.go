@@ -1,0 +1,249 @@
+package lockclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
+)
+
+// Keeping the grant: one watch of the LockGrant, from its create to the
+// lock's end, and a renewal every interval. What the session learns (a
+// confirmed view, a renewal sent, no answer, an interval passed) moves the
+// state machine of state.go; Release and Orphan end the session.
+
+// startWatch starts the LockGrant's watch (from resourceVersion, when
+// known), which lives until l.cancel: past the ctx of Acquire or Attach.
+func (l *Lock) startWatch(ctx context.Context, resourceVersion string) {
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.following, l.cancel = fctx, cancel
+	l.updates = make(chan *locksv1.LockGrant, 8)
+	go l.watchLockGrant(fctx, resourceVersion, l.updates)
+}
+
+// startSession enters HELD with the issuer's view lg and starts keepAlive,
+// which lives as long as the LockGrant's watch (startWatch).
+func (l *Lock) startSession(lg *locksv1.LockGrant) {
+	lease := time.Duration(lg.Status.Grant.TTLSeconds) * time.Second
+	if l.opts.RenewInterval <= 0 {
+		l.opts.RenewInterval = lease / 3
+	}
+	if l.opts.RequestTimeout <= 0 {
+		l.opts.RequestTimeout = l.opts.RenewInterval / 2
+	}
+	l.mu.Lock()
+	l.view = lg
+	l.mu.Unlock()
+	l.advance(Event{Kind: EventObserved, Phase: locksv1.PhaseHeld, Confirmed: true})
+	go l.keepAlive(l.following)
+}
+
+// keepAlive renews the lease and follows the LockGrant until the lock ends.
+func (l *Lock) keepAlive(ctx context.Context) {
+	ticker := time.NewTicker(l.opts.RenewInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case lg := <-l.updates:
+			l.applyView(lg)
+		case <-ticker.C:
+			l.renewOrQuery(ctx)
+		}
+		if l.ended() {
+			l.cancel()
+			return
+		}
+	}
+}
+
+// watchLockGrant streams the LockGrant's updates into out until ctx ends:
+// the first watch from resourceVersion (when set), each later one from the
+// object as it is then (a watch without a resourceVersion starts with it).
+func (l *Lock) watchLockGrant(ctx context.Context, resourceVersion string, out chan<- *locksv1.LockGrant) {
+	for ctx.Err() == nil {
+		w, err := l.c.kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(l.key.Namespace),
+			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: resourceVersion}})
+		resourceVersion = ""
+		if err != nil {
+			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			if lg, ok := ev.Object.(*locksv1.LockGrant); ok && ev.Type != watch.Error && ev.Type != watch.Deleted {
+				select {
+				case out <- lg:
+				case <-ctx.Done():
+				}
+			}
+		}
+		w.Stop()
+	}
+}
+
+// applyView applies a confirmed view of the LockGrant.
+func (l *Lock) applyView(lg *locksv1.LockGrant) {
+	l.mu.Lock()
+	if l.view != nil && lg.Status.Grant != nil && l.view.Status.Grant != nil && *lg.Status.Grant != *l.view.Status.Grant {
+		l.mu.Unlock()
+		return // not our grant (cannot happen: a LockGrant holds one grant)
+	}
+	if l.view != nil && l.view.Status.Grant != nil && lg.Status.Grant == nil {
+		if to, _ := phaseOutcome(lg.Status.Phase); !final(to) {
+			l.mu.Unlock()
+			return // the status mirror has not caught up with the registry's holder record yet
+		}
+		// The grant ended before its Held mirror landed: the final phase
+		// counts, and the view keeps the grant this lock held.
+		ended := lg.DeepCopy()
+		ended.Status.Grant, ended.Status.Digest, ended.Status.Proof = l.view.Status.Grant, l.view.Status.Digest, l.view.Status.Proof
+		lg = ended
+	}
+	l.view = lg
+	pending := l.pending
+	l.mu.Unlock()
+	why := ""
+	if lg.Status.Phase != locksv1.PhaseReleased {
+		why = conditionMessage(lg)
+	}
+	l.advance(Event{Kind: EventObserved, Phase: lg.Status.Phase, Confirmed: lg.Status.ObservedRenewals >= pending, Why: why})
+}
+
+// renewOrQuery runs once per interval: after an unconfirmed renewal it asks the
+// server where things stand; otherwise it renews.
+func (l *Lock) renewOrQuery(ctx context.Context) {
+	l.advance(Event{Kind: EventIntervalPassed})
+	if l.State() == StateOwnershipUnknown {
+		qctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+		defer cancel()
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(qctx, l.key, &lg); err != nil {
+			return // still unknown; next tick asks again
+		}
+		if lg.Status.Phase == locksv1.PhaseHeld {
+			// A confirmed answer: the issuer still counts us as the holder,
+			// whatever became of the renewal.
+			l.mu.Lock()
+			l.pending = lg.Status.ObservedRenewals
+			l.mu.Unlock()
+		}
+		l.applyView(&lg)
+		if l.State() != StateHeld {
+			return
+		}
+	}
+	l.renew(ctx)
+}
+
+// renew bumps spec.renewals; the issuer applies it if it arrives before expiry.
+func (l *Lock) renew(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+	defer cancel()
+	for attempt := 0; attempt < 3; attempt++ {
+		var lg locksv1.LockGrant
+		if err := l.c.kube.Get(rctx, l.key, &lg); err != nil {
+			l.advance(Event{Kind: EventNoAnswer})
+			return
+		}
+		l.applyView(&lg)
+		// RENEWING here is this renewal's own attempt that lost a conflict.
+		if s := l.State(); s != StateHeld && s != StateRenewing {
+			return
+		}
+		lg.Spec.Renewals++
+		l.mu.Lock()
+		l.pending = lg.Spec.Renewals
+		l.mu.Unlock()
+		l.advance(Event{Kind: EventRenewalSent})
+		err := l.c.kube.Update(rctx, &lg)
+		switch {
+		case err == nil:
+			return // RENEWING until the issuer's status confirms it
+		case apierrors.IsConflict(err):
+			continue
+		default:
+			// Lost response, timeout or refusal: we cannot know where we stand.
+			l.advance(Event{Kind: EventNoAnswer})
+			return
+		}
+	}
+	l.advance(Event{Kind: EventNoAnswer}) // three conflicts in a row: no confirmed renewal
+}
+
+// advance moves the state machine (Next) on what the lock learned.
+func (l *Lock) advance(e Event) {
+	l.mu.Lock()
+	s, cause := Next(l.state, e)
+	if s == l.state {
+		l.mu.Unlock()
+		return
+	}
+	l.state = s
+	if final(s) {
+		l.err = cause
+		close(l.done)
+	}
+	l.mu.Unlock()
+	l.notifyStateChange(s)
+}
+
+func (l *Lock) notifyStateChange(s State) {
+	if l.opts.OnStateChange != nil {
+		l.opts.OnStateChange(s)
+	}
+}
+
+// Release gives the resource up and waits until the issuer confirms it. Unlike
+// Orphan it tells the issuer, so the next waiter is served at once.
+func (l *Lock) Release(ctx context.Context) error {
+	if l.ended() {
+		return l.Err()
+	}
+	if err := l.requestRelease(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-l.done:
+		if errors.Is(l.Err(), ErrReleased) {
+			return nil
+		}
+		return l.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// requestRelease sets spec.release with one merge patch: no read, no
+// resourceVersion, so no conflict with a renewal or a status write. The
+// LockGrant webhook still admits it only from the owner.
+func (l *Lock) requestRelease(ctx context.Context) error {
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name}}
+	if err := l.c.kube.Patch(ctx, lg, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"release":true}}`))); err != nil {
+		return fmt.Errorf("release %s: %w", l.key.Name, err)
+	}
+	return nil
+}
+
+// Orphan stops renewing and following the grant without releasing it (as
+// etcd's Session.Orphan): the lease then expires on the issuer's clock, or
+// another process of the same owner Attaches to it. From then on this lock
+// cannot tell whether it is still held, so Guard answers ErrOwnershipUnknown.
+// To give the resource up, call Release.
+func (l *Lock) Orphan() {
+	if l.cancel != nil {
+		l.cancel()
+	}
+	l.mu.Lock()
+	l.orphaned = true
+	l.mu.Unlock()
+}
