@@ -56,7 +56,11 @@ func (l *Lock) keepAlive(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case lg := <-l.updates:
-			l.applyView(lg)
+			if lg == nil {
+				l.advance(Event{Kind: EventGone})
+			} else {
+				l.applyView(lg)
+			}
 		case <-ticker.C:
 			l.renewOrQuery(ctx)
 		}
@@ -67,7 +71,8 @@ func (l *Lock) keepAlive(ctx context.Context) {
 	}
 }
 
-// watchLockGrant streams the LockGrant's updates into out until ctx ends:
+// watchLockGrant streams the LockGrant's updates into out until ctx ends (a
+// deletion as nil):
 // the first watch from resourceVersion (when set), each later one from the
 // object as it is then (a watch without a resourceVersion starts with it).
 func (l *Lock) watchLockGrant(ctx context.Context, resourceVersion string, out chan<- *locksv1.LockGrant) {
@@ -80,11 +85,16 @@ func (l *Lock) watchLockGrant(ctx context.Context, resourceVersion string, out c
 			continue
 		}
 		for ev := range w.ResultChan() {
-			if lg, ok := ev.Object.(*locksv1.LockGrant); ok && ev.Type != watch.Error && ev.Type != watch.Deleted {
-				select {
-				case out <- lg:
-				case <-ctx.Done():
-				}
+			lg, ok := ev.Object.(*locksv1.LockGrant)
+			if !ok || ev.Type == watch.Error {
+				continue
+			}
+			if ev.Type == watch.Deleted {
+				lg = nil // the LockGrant is gone: keepAlive ends the lock
+			}
+			select {
+			case out <- lg:
+			case <-ctx.Done():
 			}
 		}
 		w.Stop()
@@ -128,6 +138,9 @@ func (l *Lock) renewOrQuery(ctx context.Context) {
 		defer cancel()
 		var lg locksv1.LockGrant
 		if err := l.c.kube.Get(qctx, l.key, &lg); err != nil {
+			if apierrors.IsNotFound(err) {
+				l.advance(Event{Kind: EventGone})
+			}
 			return // still unknown; next tick asks again
 		}
 		if lg.Status.Phase == locksv1.PhaseHeld {
@@ -152,7 +165,7 @@ func (l *Lock) renew(ctx context.Context) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var lg locksv1.LockGrant
 		if err := l.c.kube.Get(rctx, l.key, &lg); err != nil {
-			l.advance(Event{Kind: EventNoAnswer})
+			l.advance(gone(err))
 			return
 		}
 		l.applyView(&lg)
@@ -171,6 +184,9 @@ func (l *Lock) renew(ctx context.Context) {
 			return // RENEWING until the issuer's status confirms it
 		case apierrors.IsConflict(err):
 			continue
+		case apierrors.IsNotFound(err):
+			l.advance(Event{Kind: EventGone})
+			return
 		default:
 			// Lost response, timeout or refusal: we cannot know where we stand.
 			l.advance(Event{Kind: EventNoAnswer})
@@ -178,6 +194,15 @@ func (l *Lock) renew(ctx context.Context) {
 		}
 	}
 	l.advance(Event{Kind: EventNoAnswer}) // three conflicts in a row: no confirmed renewal
+}
+
+// gone is what a failed read of the LockGrant teaches: its deletion when the
+// API server says it does not exist, otherwise nothing certain.
+func gone(err error) Event {
+	if apierrors.IsNotFound(err) {
+		return Event{Kind: EventGone}
+	}
+	return Event{Kind: EventNoAnswer}
 }
 
 // advance moves the state machine (Next) on what the lock learned.
@@ -229,6 +254,9 @@ func (l *Lock) Release(ctx context.Context) error {
 func (l *Lock) requestRelease(ctx context.Context) error {
 	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name}}
 	if err := l.c.kube.Patch(ctx, lg, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"release":true}}`))); err != nil {
+		if apierrors.IsNotFound(err) {
+			l.advance(Event{Kind: EventGone}) // nothing left to release
+		}
 		return fmt.Errorf("release %s: %w", l.key.Name, err)
 	}
 	return nil

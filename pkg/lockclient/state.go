@@ -35,6 +35,10 @@ const (
 	EventNoAnswer
 	// EventIntervalPassed: a renewal interval passed.
 	EventIntervalPassed
+	// EventGone: a confirmed read (or the LockGrant's watch) found the
+	// LockGrant deleted. The grant ended with it: the issuer ends the grant
+	// of a vanished holder and serves the next waiter.
+	EventGone
 )
 
 // final reports whether s ends the lock.
@@ -59,8 +63,8 @@ func phaseOutcome(p locksv1.LockGrantPhase) (State, error) {
 
 // Next is the lock's state machine: the state that follows s once e
 // happened. REQUESTED → HELD → RENEWING → HELD; an uncertain renewal or
-// query → OWNERSHIP_UNKNOWN until a confirmed view; server-confirmed expiry →
-// EXPIRED; release → RELEASED. EXPIRED and RELEASED are final. The error,
+// query → OWNERSHIP_UNKNOWN until a confirmed view; server-confirmed expiry
+// (or the LockGrant's deletion) → EXPIRED; release → RELEASED. EXPIRED and RELEASED are final. The error,
 // set only when Next enters a final state, is why the lock ended (ErrExpired,
 // ErrDenied or ErrReleased, with the issuer's explanation).
 func Next(s State, e Event) (State, error) {
@@ -81,6 +85,8 @@ func Next(s State, e Event) (State, error) {
 		}
 	case EventObserved:
 		return nextObserved(s, e)
+	case EventGone:
+		return StateExpired, fmt.Errorf("%w: the LockGrant was deleted", ErrExpired)
 	}
 	return s, nil
 }

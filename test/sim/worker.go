@@ -196,10 +196,9 @@ func (k *worker) learn(e lockclient.Event) (from lockclient.State) {
 }
 
 // orphan stops following the lock, as an application calls Lock.Orphan when
-// its grant is gone: the Lock has no transition for a LockGrant that no
-// longer exists or carries another grant (it takes NotFound for no answer and
-// ignores a view of another grant, so it stays OWNERSHIP_UNKNOWN or where it
-// was). The state stays what Next computed; the worker starts over.
+// its grant is gone although the Lock cannot tell: a restored registry issued
+// its LockGrant anew, and the Lock ignores a view of another grant, so it
+// stays where it was. The state stays what Next computed; the worker starts over.
 func (k *worker) orphan(why string) {
 	if l := k.lock; l != nil && !l.orphaned {
 		k.w.tracef("%s: orphans its lock in %s: %s", k.name, l.state, why)
@@ -366,18 +365,14 @@ func (k *worker) onReply(rp *reply) {
 		}
 	case reqRenew:
 		if l != nil && rp.status == replyNotFound {
-			// The registry keeps no record of our grant: the Lock's renewal
-			// takes that for no answer.
-			k.learn(lockclient.Event{Kind: lockclient.EventNoAnswer})
-			k.orphan("the renewal finds no LockGrant")
+			k.learn(lockclient.Event{Kind: lockclient.EventGone}) // the registry keeps no record of our grant
 		}
 	case reqRelease:
 		if l == nil {
 			break
 		}
 		if rp.status == replyNotFound {
-			// Release returns the error and leaves the state as it was.
-			k.orphan("the release finds no LockGrant")
+			k.learn(lockclient.Event{Kind: lockclient.EventGone}) // nothing left to release
 			break
 		}
 		l.releaseAcked = true
@@ -436,10 +431,7 @@ func (k *worker) observe(rp *reply) {
 		if !l.held {
 			l.created = false // lost on the way, or the registry was restored: create it again
 		} else {
-			// The registry keeps no record of our grant. The Lock's next
-			// renewal or query takes that for no answer.
-			k.learn(lockclient.Event{Kind: lockclient.EventNoAnswer})
-			k.orphan("its LockGrant is gone")
+			k.learn(lockclient.Event{Kind: lockclient.EventGone}) // the registry keeps no record of our grant
 		}
 		return
 	}
