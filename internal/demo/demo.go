@@ -75,7 +75,88 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 	if err != nil {
 		return err
 	}
-	tl := &timeline{out: out, start: time.Now()}
+	s := &story{out: out, tl: &timeline{out: out, start: time.Now()}}
+	if err := s.protect(ctx, admin); err != nil {
+		return err
+	}
+	a, stall, err := newWorker(ctx, cp, "worker-a")
+	if err != nil {
+		return err
+	}
+	b, _, err := newWorker(ctx, cp, "worker-b")
+	if err != nil {
+		return err
+	}
+
+	// 1. worker-a takes the lock and commits segment 1.
+	lockA, err := a.Acquire(ctx, resource, lockclient.AcquireOptions{OnStateChange: s.tl.stateLogger("worker-a")})
+	if err != nil {
+		return fmt.Errorf("worker-a acquire: %w", err)
+	}
+	defer lockA.Orphan()
+	opA, cm := s.firstSegment(ctx, lockA)
+
+	// worker-b asks for the same batch and queues behind worker-a.
+	bHeld := s.acquireInBackground(ctx, b)
+
+	// 2. worker-a stalls in the middle of segment 2, right after its guard
+	// said HELD: the read of the object is the first request held back.
+	stall.arm(pause)
+	s.tl.log("worker-a", "stalls", "mid-commit of segment 2 for %s (lease %s): none of its requests leave", pause, leaseTTL)
+	aDone := make(chan committed, 1)
+	go func() {
+		r, err := opA.Commit(ctx, cm.DeepCopy(), func() error {
+			cm.Data["invoices-0101-0200"] = "settled by worker-a"
+			return nil
+		})
+		aDone <- committed{r, err}
+	}()
+
+	// 3. The issuer expires worker-a; worker-b holds fence 2 and writes.
+	got := <-bHeld
+	if got.err != nil {
+		return fmt.Errorf("worker-b acquire: %w", got.err)
+	}
+	lockB := got.lock
+	defer lockB.Orphan()
+	bData := s.takeOver(ctx, lockA, lockB)
+
+	// 4. worker-a resumes; its write carries fence 1.
+	s.staleOwnerResumes(lockA, <-aDone)
+
+	if err := lockB.Release(ctx); err != nil {
+		return fmt.Errorf("worker-b release: %w", err)
+	}
+	s.tl.log("worker-b", "released", "")
+
+	if err := s.outcome(ctx, admin, bData); err != nil {
+		return err
+	}
+	return s.exp.report(out)
+}
+
+// story is what the steps of Run share: where the story is told and the
+// expectations it checks.
+type story struct {
+	out io.Writer
+	tl  *timeline
+	exp expectations
+}
+
+// acquired is the outcome of a worker's Acquire.
+type acquired struct {
+	lock *lockclient.Lock
+	err  error
+}
+
+// committed is the outcome of a worker's Commit.
+type committed struct {
+	receipt fence.Receipt
+	err     error
+}
+
+// protect creates the namespace and the FencedResource protecting the batch.
+func (s *story) protect(ctx context.Context, admin client.Client) error {
 	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return err
 	}
@@ -89,124 +170,94 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 	if err := admin.Create(ctx, fr); err != nil {
 		return err
 	}
-	tl.log("platform", "protect", "FencedResource %s: ConfigMap %s, lease %s, Enforce", resource, resource, leaseTTL)
+	s.tl.log("platform", "protect", "FencedResource %s: ConfigMap %s, lease %s, Enforce", resource, resource, leaseTTL)
+	return nil
+}
 
-	a, stall, err := newWorker(ctx, cp, "worker-a")
-	if err != nil {
-		return err
-	}
-	b, _, err := newWorker(ctx, cp, "worker-b")
-	if err != nil {
-		return err
-	}
-	var exp expectations
-
-	// 1. worker-a takes the lock and commits segment 1.
-	lockA, err := a.Acquire(ctx, resource, lockclient.AcquireOptions{OnStateChange: tl.stateLogger("worker-a")})
-	if err != nil {
-		return fmt.Errorf("worker-a acquire: %w", err)
-	}
-	defer lockA.Orphan()
-	tl.log("worker-a", "acquired", "fence=%d", lockA.Fence())
-	exp.check("worker-a holds fence 1", lockA.Fence() == 1, "fence %d", lockA.Fence())
+// firstSegment checks worker-a holds fence 1 and commits segment 1 of its
+// settlement; it returns the operation and the ConfigMap it wrote.
+func (s *story) firstSegment(ctx context.Context, lockA *lockclient.Lock) (*lockclient.Operation, *corev1.ConfigMap) {
+	s.tl.log("worker-a", "acquired", "fence=%d", lockA.Fence())
+	s.exp.check("worker-a holds fence 1", lockA.Fence() == 1, "fence %d", lockA.Fence())
 	opA := lockA.Operation("settle-batch-by-worker-a")
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: resource}}
 	r, err := opA.Commit(ctx, cm, func() error {
 		cm.Data = map[string]string{"status": "settling", "invoices-0001-0100": "settled by worker-a"}
 		return nil
 	})
-	tl.write("worker-a", lockA.Fence(), r.Segment, err)
-	exp.check("worker-a segment 1 accepted", err == nil, "%v", err)
+	s.tl.write("worker-a", lockA.Fence(), r.Segment, err)
+	s.exp.check("worker-a segment 1 accepted", err == nil, "%v", err)
+	return opA, cm
+}
 
-	// worker-b asks for the same batch and queues behind worker-a.
-	type acquired struct {
-		lock *lockclient.Lock
-		err  error
-	}
+// acquireInBackground has worker-b ask for the batch; the lock arrives on
+// the channel once worker-b holds it.
+func (s *story) acquireInBackground(ctx context.Context, b *lockclient.Client) <-chan acquired {
 	bHeld := make(chan acquired, 1)
 	go func() {
-		l, err := b.Acquire(ctx, resource, lockclient.AcquireOptions{OnStateChange: tl.stateLogger("worker-b")})
+		l, err := b.Acquire(ctx, resource, lockclient.AcquireOptions{OnStateChange: s.tl.stateLogger("worker-b")})
 		bHeld <- acquired{l, err}
 	}()
+	return bHeld
+}
 
-	// 2. worker-a stalls in the middle of segment 2, right after its guard
-	// said HELD: the read of the object is the first request held back.
-	stall.arm(pause)
-	tl.log("worker-a", "stalls", "mid-commit of segment 2 for %s (lease %s): none of its requests leave", pause, leaseTTL)
-	aDone := make(chan error, 1)
-	var rA fence.Receipt
-	go func() {
-		var err error
-		rA, err = opA.Commit(ctx, cm.DeepCopy(), func() error {
-			cm.Data["invoices-0101-0200"] = "settled by worker-a"
-			return nil
-		})
-		aDone <- err
-	}()
-
-	// 3. The issuer expires worker-a; worker-b holds fence 2 and writes.
-	got := <-bHeld
-	if got.err != nil {
-		return fmt.Errorf("worker-b acquire: %w", got.err)
-	}
-	lockB := got.lock
-	defer lockB.Orphan()
-	tl.log("worker-b", "acquired", "fence=%d after the issuer expired worker-a's grant", lockB.Fence())
-	exp.check("worker-b holds fence 2 (= worker-a's + 1)", lockB.Fence() == lockA.Fence()+1, "fence %d", lockB.Fence())
+// takeOver checks worker-b holds the next fence and commits its result; it
+// returns the data worker-b wrote.
+func (s *story) takeOver(ctx context.Context, lockA, lockB *lockclient.Lock) map[string]string {
+	s.tl.log("worker-b", "acquired", "fence=%d after the issuer expired worker-a's grant", lockB.Fence())
+	s.exp.check("worker-b holds fence 2 (= worker-a's + 1)", lockB.Fence() == lockA.Fence()+1, "fence %d", lockB.Fence())
 	opB := lockB.Operation("settle-batch-by-worker-b")
 	cmB := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: resource}}
 	bData := map[string]string{"status": "settled", "invoices-0001-0100": "settled by worker-b", "invoices-0101-0200": "settled by worker-b"}
-	r, err = opB.Commit(ctx, cmB, func() error {
+	r, err := opB.Commit(ctx, cmB, func() error {
 		cmB.Data = map[string]string{}
 		for k, v := range bData {
 			cmB.Data[k] = v
 		}
 		return nil
 	})
-	tl.write("worker-b", lockB.Fence(), r.Segment, err)
-	exp.check("worker-b segment 1 accepted", err == nil, "%v", err)
+	s.tl.write("worker-b", lockB.Fence(), r.Segment, err)
+	s.exp.check("worker-b segment 1 accepted", err == nil, "%v", err)
+	return bData
+}
 
-	// 4. worker-a resumes; its write carries fence 1.
-	errA := <-aDone
-	tl.write("worker-a", lockA.Fence(), rA.Segment, errA)
-	exp.check("worker-a's resumed write refused with STALE_OWNER", errors.Is(errA, lockclient.ErrStaleOwner), "got %v", errA)
+// staleOwnerResumes checks worker-a's resumed write was refused with
+// STALE_OWNER, its client ends in EXPIRED and its guard refuses new effects.
+func (s *story) staleOwnerResumes(lockA *lockclient.Lock, resumed committed) {
+	s.tl.write("worker-a", lockA.Fence(), resumed.receipt.Segment, resumed.err)
+	s.exp.check("worker-a's resumed write refused with STALE_OWNER", errors.Is(resumed.err, lockclient.ErrStaleOwner), "got %v", resumed.err)
 	select {
 	case <-lockA.Done():
 	case <-time.After(10 * time.Second):
 	}
-	exp.check("worker-a's client ends in EXPIRED", lockA.State() == lockclient.StateExpired, "state %s", lockA.State())
+	s.exp.check("worker-a's client ends in EXPIRED", lockA.State() == lockclient.StateExpired, "state %s", lockA.State())
 	guard := lockA.Guard()
-	tl.log("worker-a", "guard", "%v: worker-a starts no new effects", guard)
-	exp.check("worker-a's guard refuses new effects", errors.Is(guard, lockclient.ErrExpired), "guard %v", guard)
+	s.tl.log("worker-a", "guard", "%v: worker-a starts no new effects", guard)
+	s.exp.check("worker-a's guard refuses new effects", errors.Is(guard, lockclient.ErrExpired), "guard %v", guard)
+}
 
-	if err := lockB.Release(ctx); err != nil {
-		return fmt.Errorf("worker-b release: %w", err)
-	}
-	tl.log("worker-b", "released", "")
-
-	// The outcome.
+// outcome checks the final object holds worker-b's data and fence state,
+// and prints it, its receipt log and the Events.
+func (s *story) outcome(ctx context.Context, admin client.Client, bData map[string]string) error {
 	final := &corev1.ConfigMap{}
 	if err := admin.Get(ctx, client.ObjectKey{Namespace: namespace, Name: resource}, final); err != nil {
 		return err
 	}
-	exp.check("the final object holds worker-b's data", equal(final.Data, bData), "data %v", final.Data)
+	s.exp.check("the final object holds worker-b's data", equal(final.Data, bData), "data %v", final.Data)
 	st, err := fence.StateOf(final.Annotations[fence.AnnotationFence], final.Annotations[fence.AnnotationReceipts])
 	if err != nil {
 		return err
 	}
-	exp.check("the object's fence state is worker-b's (fence 2, segment 1)", st.HighestFence == 2 && st.LastSegment == 1, "fence %d segment %d", st.HighestFence, st.LastSegment)
-	fmt.Fprintf(out, "\nFinal ConfigMap %s/%s (fence %d, segment %d):\n", namespace, resource, st.HighestFence, st.LastSegment)
+	s.exp.check("the object's fence state is worker-b's (fence 2, segment 1)", st.HighestFence == 2 && st.LastSegment == 1, "fence %d segment %d", st.HighestFence, st.LastSegment)
+	fmt.Fprintf(s.out, "\nFinal ConfigMap %s/%s (fence %d, segment %d):\n", namespace, resource, st.HighestFence, st.LastSegment)
 	for _, k := range sortedKeys(final.Data) {
-		fmt.Fprintf(out, "  %-20s %s\n", k, final.Data[k])
+		fmt.Fprintf(s.out, "  %-20s %s\n", k, final.Data[k])
 	}
-	fmt.Fprintln(out, "Receipt log:")
+	fmt.Fprintln(s.out, "Receipt log:")
 	for _, rc := range st.Receipts {
-		fmt.Fprintf(out, "  fence %d segment %d %-28s %s\n", rc.Fence, rc.Segment, rc.Operation, rc.Receipt)
+		fmt.Fprintf(s.out, "  fence %d segment %d %-28s %s\n", rc.Fence, rc.Segment, rc.Operation, rc.Receipt)
 	}
-	if err := printEvents(ctx, out, admin, &exp); err != nil {
-		return err
-	}
-	return exp.report(out)
+	return printEvents(ctx, s.out, admin, &s.exp)
 }
 
 // newWorker makes a worker user and its client; the worker's transport can be

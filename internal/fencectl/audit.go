@@ -128,12 +128,32 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 	if err := kube.List(ctx, &frs, client.InNamespace(ns)); err != nil {
 		return auditReport{}, explainAPI(err, "FencedResources")
 	}
+	hooks, declared, err := acceptanceWebhooks(ctx, kube)
+	if err != nil {
+		return auditReport{}, err
+	}
+	a := &auditor{kube: kube, hooks: hooks, declared: declared, nsLabels: map[string]map[string]string{}, frs: map[client.ObjectKey]*locksv1.FencedResource{}, requireEnforce: requireEnforce}
+	for i := range frs.Items {
+		a.frs[client.ObjectKeyFromObject(&frs.Items[i])] = &frs.Items[i]
+	}
+	rows, err := a.labeledObjects(ctx, ns, auditedKinds(kube, frs.Items, hooks))
+	if err != nil {
+		return auditReport{}, err
+	}
+	rows = append(rows, a.unlabeledTargets(ctx, frs.Items, rows)...)
+	return newAuditReport(rows), nil
+}
+
+// acceptanceWebhooks returns the acceptance webhook's entries of every
+// configuration and the kinds the operator declared it protects (nil: no
+// operator has recorded its declared kinds).
+func acceptanceWebhooks(ctx context.Context, kube client.Client) ([]admissionregistrationv1.ValidatingWebhook, map[string]bool, error) {
 	var cfgs admissionregistrationv1.ValidatingWebhookConfigurationList
 	if err := kube.List(ctx, &cfgs); err != nil {
-		return auditReport{}, fmt.Errorf("read the webhook configurations (an auditor needs list on validatingwebhookconfigurations): %w", err)
+		return nil, nil, fmt.Errorf("read the webhook configurations (an auditor needs list on validatingwebhookconfigurations): %w", err)
 	}
 	var hooks []admissionregistrationv1.ValidatingWebhook
-	var declared map[string]bool // nil: no operator has recorded its declared kinds
+	var declared map[string]bool
 	for _, c := range cfgs.Items {
 		protects := false
 		for _, w := range c.Webhooks {
@@ -146,51 +166,74 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 			declared = protectedkinds.Declared(declared, list)
 		}
 	}
-	// The kinds to look at: ConfigMaps, FencedResource targets, webhook rules.
+	return hooks, declared, nil
+}
+
+// auditedKinds returns the kinds to look at: ConfigMaps, FencedResource
+// targets, webhook rules.
+func auditedKinds(kube client.Client, frs []locksv1.FencedResource, hooks []admissionregistrationv1.ValidatingWebhook) map[schema.GroupVersionKind]bool {
 	kinds := map[schema.GroupVersionKind]bool{{Version: "v1", Kind: "ConfigMap"}: true}
-	for _, fr := range frs.Items {
+	for _, fr := range frs {
 		if t := fr.Spec.Target; t != nil {
 			kinds[schema.FromAPIVersionAndKind(t.APIVersion, t.Kind)] = true
 		}
 	}
 	for _, w := range hooks {
 		for _, r := range w.Rules {
-			for _, g := range r.APIGroups {
-				for _, v := range r.APIVersions {
-					for _, res := range r.Resources {
-						if g == "*" || v == "*" || res == "*" || strings.Contains(res, "/") {
-							continue
-						}
-						if gvk, err := kube.RESTMapper().KindFor(schema.GroupVersionResource{Group: g, Version: v, Resource: res}); err == nil {
-							kinds[gvk] = true
-						}
-					}
+			for _, res := range ruleResources(r) {
+				if gvk, err := kube.RESTMapper().KindFor(res); err == nil {
+					kinds[gvk] = true
 				}
 			}
 		}
 	}
-	a := &auditor{kube: kube, hooks: hooks, declared: declared, nsLabels: map[string]map[string]string{}, frs: map[client.ObjectKey]*locksv1.FencedResource{}, requireEnforce: requireEnforce}
-	for i := range frs.Items {
-		a.frs[client.ObjectKeyFromObject(&frs.Items[i])] = &frs.Items[i]
+	return kinds
+}
+
+// ruleResources lists the resources a webhook rule names one by one:
+// wildcards and subresources name no single kind and are left out.
+func ruleResources(r admissionregistrationv1.RuleWithOperations) []schema.GroupVersionResource {
+	var out []schema.GroupVersionResource
+	for _, g := range r.APIGroups {
+		for _, v := range r.APIVersions {
+			for _, res := range r.Resources {
+				if g == "*" || v == "*" || res == "*" || strings.Contains(res, "/") {
+					continue
+				}
+				out = append(out, schema.GroupVersionResource{Group: g, Version: v, Resource: res})
+			}
+		}
 	}
-	seen := map[string]bool{}
+	return out
+}
+
+// labeledObjects audits every object of kinds labeled protected in ns.
+func (a *auditor) labeledObjects(ctx context.Context, ns string, kinds map[schema.GroupVersionKind]bool) ([]auditRow, error) {
 	var rows []auditRow
 	for gvk := range kinds {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		err := kube.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{fence.LabelProtected: "true"})
+		err := a.kube.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{fence.LabelProtected: "true"})
 		if err != nil {
-			return auditReport{}, fmt.Errorf("list protected %s objects: %w", gvk.Kind, err)
+			return nil, fmt.Errorf("list protected %s objects: %w", gvk.Kind, err)
 		}
 		for i := range list.Items {
-			obj := &list.Items[i]
-			row := a.object(ctx, gvk, obj)
-			seen[row.Namespace+"/"+row.Object] = true
-			rows = append(rows, row)
+			rows = append(rows, a.object(ctx, gvk, &list.Items[i]))
 		}
 	}
-	// Targets that exist without the label, or do not exist yet.
-	for _, fr := range frs.Items {
+	return rows, nil
+}
+
+// unlabeledTargets audits the FencedResource targets that are not among
+// labeled: targets that exist without the label, or do not exist yet.
+func (a *auditor) unlabeledTargets(ctx context.Context, frs []locksv1.FencedResource, labeled []auditRow) []auditRow {
+	seen := map[string]bool{}
+	for _, row := range labeled {
+		seen[row.Namespace+"/"+row.Object] = true
+	}
+	var rows []auditRow
+	for i := range frs {
+		fr := &frs[i]
 		t := fr.Spec.Target
 		if t == nil {
 			continue
@@ -199,8 +242,13 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 		if seen[fr.Namespace+"/"+name] {
 			continue
 		}
-		rows = append(rows, a.unlabeledTarget(ctx, &fr))
+		rows = append(rows, a.unlabeledTarget(ctx, fr))
 	}
+	return rows
+}
+
+// newAuditReport sorts the rows by namespace and object and counts their gaps.
+func newAuditReport(rows []auditRow) auditReport {
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].Namespace != rows[j].Namespace {
 			return rows[i].Namespace < rows[j].Namespace
@@ -214,7 +262,7 @@ func audit(ctx context.Context, kube client.Client, ns string, requireEnforce bo
 	for _, r := range rows {
 		rep.Gaps += len(r.Gaps)
 	}
-	return rep, nil
+	return rep
 }
 
 type auditor struct {

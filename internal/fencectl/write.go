@@ -158,24 +158,53 @@ func (o *options) target(ctx context.Context, resource, file string) (*unstructu
 	if t == nil {
 		return nil, nil, fmt.Errorf("FencedResource %s has no target: there is no protected object to write", resource)
 	}
-	data, err := os.ReadFile(file)
+	in, err := readManifest(file)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := manifestIsTarget(in, file, &fr); err != nil {
+		return nil, nil, err
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(schema.FromAPIVersionAndKind(t.APIVersion, t.Kind))
+	obj.SetNamespace(fr.Namespace)
+	obj.SetName(t.Name)
+	return obj, businessContent(in, t), nil
+}
+
+// readManifest reads a YAML or JSON manifest.
+func readManifest(file string) (map[string]any, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
 	var in map[string]any
 	if err := yaml.Unmarshal(data, &in); err != nil {
-		return nil, nil, fmt.Errorf("%s is not a YAML or JSON manifest: %w", file, err)
+		return nil, fmt.Errorf("%s is not a YAML or JSON manifest: %w", file, err)
 	}
+	return in, nil
+}
+
+// manifestIsTarget checks the manifest in (read from file) is of fr's target:
+// its kind, and its namespace and name where it gives them.
+func manifestIsTarget(in map[string]any, file string, fr *locksv1.FencedResource) error {
+	t := fr.Spec.Target
 	fromFile := unstructured.Unstructured{Object: in}
 	if fromFile.GetAPIVersion() != t.APIVersion || fromFile.GetKind() != t.Kind {
-		return nil, nil, fmt.Errorf("%s is a %s %q, but FencedResource %s protects a %s %q", file, fromFile.GetAPIVersion(), fromFile.GetKind(), resource, t.APIVersion, t.Kind)
+		return fmt.Errorf("%s is a %s %q, but FencedResource %s protects a %s %q", file, fromFile.GetAPIVersion(), fromFile.GetKind(), fr.Name, t.APIVersion, t.Kind)
 	}
 	if n := fromFile.GetNamespace(); n != "" && n != fr.Namespace {
-		return nil, nil, fmt.Errorf("%s is in namespace %q, but the grant and FencedResource %s are in %q (use -n)", file, n, resource, fr.Namespace)
+		return fmt.Errorf("%s is in namespace %q, but the grant and FencedResource %s are in %q (use -n)", file, n, fr.Name, fr.Namespace)
 	}
 	if n := fromFile.GetName(); n != "" && n != t.Name {
-		return nil, nil, fmt.Errorf("%s names %s %q, but FencedResource %s protects %q", file, t.Kind, n, resource, t.Name)
+		return fmt.Errorf("%s names %s %q, but FencedResource %s protects %q", file, t.Kind, n, fr.Name, t.Name)
 	}
+	return nil
+}
+
+// businessContent returns the business content of the manifest in, for a
+// target t: data and binaryData of a ConfigMap, spec of any other kind.
+func businessContent(in map[string]any, t *locksv1.ObjectTarget) map[string]any {
 	content := map[string]any{}
 	keys := []string{"spec"}
 	if t.APIVersion == "v1" && t.Kind == "ConfigMap" {
@@ -186,11 +215,7 @@ func (o *options) target(ctx context.Context, resource, file string) (*unstructu
 			content[k] = v
 		}
 	}
-	obj := &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(schema.FromAPIVersionAndKind(t.APIVersion, t.Kind))
-	obj.SetNamespace(fr.Namespace)
-	obj.SetName(t.Name)
-	return obj, content, nil
+	return content
 }
 
 func (o *options) receiptsCmd() *cobra.Command {

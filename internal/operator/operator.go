@@ -124,6 +124,46 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
+	mgr, err := newManager(cfg, o, rotator)
+	if err != nil {
+		return err
+	}
+	issuer, err := controllers.Setup(ctx, mgr, controllers.Options{
+		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
+	})
+	if err != nil {
+		return fmt.Errorf("issuer: %w", err)
+	}
+	if o.WebhookConfiguration == "" {
+		o.WebhookConfiguration = locksv1.WebhookConfigurationName
+	}
+	if err := setupWebhooks(mgr, o); err != nil {
+		return err
+	}
+	caBundle, err := addRotator(mgr, rotator)
+	if err != nil {
+		return err
+	}
+	if err := SetupAdmissionGuard(mgr, GuardOptions{
+		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,
+		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername,
+	}); err != nil {
+		return fmt.Errorf("admission guard: %w", err)
+	}
+	if err := addProbes(mgr); err != nil {
+		return err
+	}
+	if err := addOnIssuing(mgr, issuer, o.OnIssuing); err != nil {
+		return err
+	}
+	mgr.GetLogger().Info("starting operator", "namespace", o.Namespace, "leaderElect", o.LeaderElect)
+	return mgr.Start(ctx)
+}
+
+// newManager returns the manager: its cache, metrics, probes, leader
+// election and webhook server, which serves the rotator's certificate when
+// there is one.
+func newManager(cfg *rest.Config, o Options, rotator *certs.Rotator) (manager.Manager, error) {
 	// HTTP/2 stays off on the webhook server (CVE-2023-44487, rapid reset).
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	if rotator != nil {
@@ -145,17 +185,15 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		}),
 	})
 	if err != nil {
-		return fmt.Errorf("manager: %w", err)
+		return nil, fmt.Errorf("manager: %w", err)
 	}
-	issuer, err := controllers.Setup(ctx, mgr, controllers.Options{
-		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
-	})
-	if err != nil {
-		return fmt.Errorf("issuer: %w", err)
-	}
-	if o.WebhookConfiguration == "" {
-		o.WebhookConfiguration = locksv1.WebhookConfigurationName
-	}
+	return mgr, nil
+}
+
+// setupWebhooks registers the LockGrant, FencedResource and protected-object
+// webhooks; with RegistryReadFromCache the last reads the registry from the
+// cache.
+func setupWebhooks(mgr manager.Manager, o Options) error {
 	if err := webhooks.SetupLockGrantWebhook(mgr, o.Namespace); err != nil {
 		return fmt.Errorf("LockGrant webhook: %w", err)
 	}
@@ -169,46 +207,51 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if o.RegistryReadFromCache {
 		protected.Reader = mgr.GetClient()
 	}
-	var caBundle func() []byte
-	if rotator != nil {
-		if err := mgr.Add(rotator); err != nil {
-			return fmt.Errorf("certificate rotator: %w", err)
-		}
-		caBundle = rotator.CABundle
+	return nil
+}
+
+// addRotator runs the certificate rotator, if any, with the manager and
+// returns its CA bundle (nil without a rotator).
+func addRotator(mgr manager.Manager, rotator *certs.Rotator) (func() []byte, error) {
+	if rotator == nil {
+		return nil, nil
 	}
-	if err := SetupAdmissionGuard(mgr, GuardOptions{
-		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,
-		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername,
-	}); err != nil {
-		return fmt.Errorf("admission guard: %w", err)
+	if err := mgr.Add(rotator); err != nil {
+		return nil, fmt.Errorf("certificate rotator: %w", err)
 	}
+	return rotator.CABundle, nil
+}
+
+// addProbes adds the liveness check and the readiness check, ready once the
+// webhook server serves.
+func addProbes(mgr manager.Manager) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
-		return err
+	return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
+}
+
+// addOnIssuing, if onIssuing is set, calls it once this replica issues
+// grants (it leads) and its webhook server is serving.
+func addOnIssuing(mgr manager.Manager, issuer *controllers.Issuer, onIssuing func()) error {
+	if onIssuing == nil {
+		return nil
 	}
-	if o.OnIssuing != nil {
-		started := mgr.GetWebhookServer().StartedChecker()
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			if err := issuer.Wait(ctx); err != nil {
-				return nil // stopped before leading
-			}
-			for started(nil) != nil {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-			o.OnIssuing()
-			return nil
-		})); err != nil {
-			return err
+	started := mgr.GetWebhookServer().StartedChecker()
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if err := issuer.Wait(ctx); err != nil {
+			return nil // stopped before leading
 		}
-	}
-	mgr.GetLogger().Info("starting operator", "namespace", o.Namespace, "leaderElect", o.LeaderElect)
-	return mgr.Start(ctx)
+		for started(nil) != nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		onIssuing()
+		return nil
+	}))
 }
 
 // newRotator returns the shared-Secret certificate rotator with

@@ -284,13 +284,56 @@ func TestDecideSeeds(t *testing.T) {
 // and checks every property FuzzDecide promises; it returns the decision.
 func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64, flags uint32, raw string) fence.Decision {
 	t.Helper()
-	has := func(bit uint32) bool { return flags&bit != 0 }
 	storedFence, storedSeg = clamp(storedFence, 0, 20), clamp(storedSeg, 1, 40)
 	fenceToken, segment = clamp(fenceToken, 1, 22), clamp(segment, 1, 42)
 
-	// The stored object: alice's grant at storedFence, segments 1..storedSeg applied.
+	ann, stored := fuzzStored(storedFence, storedSeg, flags)
+	genuine, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
+	if err != nil {
+		t.Fatalf("StateOf of a genuine stored object: %v", err)
+	}
+	g := fuzzAttemptGrant(fenceToken, flags)
+	env := fuzzAttemptEnvelope(g, segment, flags)
+	written := stampChecked(t, ann, env)
+	a := fuzzAttempt(g.Owner, written, env.Payload, flags, raw)
+	reg, bundle := fuzzRegistry(g, fenceToken, flags)
+
+	w := fuzzWrite(flags, a, ann, written)
+	d, st := decideKeepingInputs(t, w, reg, bundle)
+	if !strings.HasPrefix(d.Message, string(d.Verdict)) {
+		t.Fatalf("the message %q does not start with the verdict %s", d.Message, d.Verdict)
+	}
+	if reg.ResourceID == fuzzResource && w.Subresource != "scale" && !reflect.DeepEqual(st, genuine) {
+		t.Fatalf("the stored state of the entry's own verified grant was not trusted: %+v", st)
+	}
+	checkMarks(t, w, d)
+	if d.Verdict != fence.Accepted || a.Delete {
+		checkStateKept(t, d, st, a, reg, stored)
+		return d
+	}
+
+	// An acceptance, checked rule by rule.
+	e, err := fence.ParseEnvelope(a.Fence)
+	if err != nil {
+		t.Fatalf("accepted an unparsable annotation: %v", err)
+	}
+	checkAcceptedGrant(t, e, a, ann, reg, bundle)
+	checkAcceptedSegment(t, e, a, st, d)
+	checkReceiptLog(t, e, st, w, d)
+	if flags&fzRawAnnotation == 0 {
+		// What the client stamped is what the acceptance point computed.
+		if got, err := fence.StateOf(written[fence.AnnotationFence], written[fence.AnnotationReceipts]); err != nil || !reflect.DeepEqual(got, d.State) {
+			t.Fatalf("Stamp and Decide disagree on the new state: %v\n stamp  %+v\n decide %+v", err, got, d.State)
+		}
+	}
+	return d
+}
+
+// fuzzStored is the stored object's annotations, alice's grant at
+// storedFence with segments 1..storedSeg applied, and that grant.
+func fuzzStored(storedFence, storedSeg int64, flags uint32) (map[string]string, grant.Grant) {
 	ann := map[string]string{"unrelated": "kept", fence.AnnotationResource: "inv"}
-	if has(fzNeverMarked) {
+	if flags&fzNeverMarked != 0 {
 		delete(ann, fence.AnnotationResource)
 	}
 	stored := fuzzGrant("alice", storedFence, fuzzRoot('a'), "lease-a")
@@ -307,12 +350,14 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 		}
 		ann[fence.AnnotationFence], ann[fence.AnnotationReceipts] = last.Encode(), fence.EncodeReceipts(log)
 	}
-	genuine, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-	if err != nil {
-		t.Fatalf("StateOf of a genuine stored object: %v", err)
-	}
+	return ann, stored
+}
 
-	// The attempt.
+// fuzzAttemptGrant is the attempt's grant at fenceToken: alice's, of the
+// stored operation root and lease, unless the flags bend its owner, root,
+// lease or policy generation.
+func fuzzAttemptGrant(fenceToken int64, flags uint32) grant.Grant {
+	has := func(bit uint32) bool { return flags&bit != 0 }
 	owner, root, lease := "alice", fuzzRoot('a'), "lease-a"
 	if has(fzOtherOwner) {
 		owner = "bob"
@@ -330,6 +375,14 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 	if has(fzOldPolicy) {
 		g.PolicyGeneration = 2
 	}
+	return g
+}
+
+// fuzzAttemptEnvelope is the envelope of segment under g: the issuer's
+// signature and the segment's payload, unless the flags forge the
+// signature, change the payload or tamper with the fence after signing.
+func fuzzAttemptEnvelope(g grant.Grant, segment int64, flags uint32) fence.Envelope {
+	has := func(bit uint32) bool { return flags&bit != 0 }
 	signer := fuzzSigner
 	if has(fzForged) {
 		signer = fuzzForger
@@ -342,6 +395,13 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 	if has(fzTampered) {
 		env.Grant.FenceToken++
 	}
+	return env
+}
+
+// stampChecked is ann stamped with env, as a client writes it; it checks
+// Stamp changed no annotation but its own.
+func stampChecked(t *testing.T, ann map[string]string, env fence.Envelope) map[string]string {
+	t.Helper()
 	written := maps.Clone(ann)
 	if _, err := fence.Stamp(written, env); err != nil {
 		t.Fatalf("Stamp: %v", err)
@@ -352,6 +412,14 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 			t.Fatalf("Stamp changed annotation %q", k)
 		}
 	}
+	return written
+}
+
+// fuzzAttempt is the request: owner, from pod-a, writes the stamped
+// annotation and payload, unless the flags change the user, the pod, the
+// content or the annotation (to raw).
+func fuzzAttempt(owner string, written map[string]string, payload string, flags uint32, raw string) fence.Attempt {
+	has := func(bit uint32) bool { return flags&bit != 0 }
 	a := fence.Attempt{User: owner, Changed: !has(fzUnchanged), Delete: has(fzDelete), Fence: written[fence.AnnotationFence], Payload: payload}
 	if has(fzOtherUser) {
 		a.User = "mallory"
@@ -366,8 +434,14 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 	if has(fzRawAnnotation) {
 		a.Fence = raw
 	}
+	return a
+}
 
-	// The registry and the trust bundle.
+// fuzzRegistry is the registry and the trust bundle: the entry of
+// fuzzResource, held by g for 5 more seconds, and the issuer's key, unless
+// the flags bend the entry, the holder or the revoked epochs.
+func fuzzRegistry(g grant.Grant, fenceToken int64, flags uint32) (fence.Registry, *grant.TrustBundle) {
+	has := func(bit uint32) bool { return flags&bit != 0 }
 	reg := fence.Registry{Found: !has(fzNoEntry), ResourceID: fuzzResource, Generation: 1, Now: fuzzNow}
 	if has(fzOtherResource) {
 		reg.ResourceID = "invoice-batch/2026-07-20"
@@ -387,39 +461,43 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 	if has(fzRevoked) {
 		bundle.RevokedBelowEpoch = 2
 	}
+	return reg, bundle
+}
 
-	w := fuzzWrite(flags, a, ann, written)
+// decideKeepingInputs decides w and checks DecideWrite changed none of its
+// inputs; it returns the decision and the stored fence state.
+func decideKeepingInputs(t *testing.T, w fence.Write, reg fence.Registry, bundle *grant.TrustBundle) (fence.Decision, fence.State) {
+	t.Helper()
 	wBefore, regBefore, keysBefore := copyWrite(w), copyRegistry(reg), maps.Clone(bundle.Keys)
 	d, st := fence.DecideWrite(w, fence.Entry{Name: "inv", ResourceID: reg.ResourceID}, reg, fence.Trust{Grants: bundle, Stored: bundle})
 	if !reflect.DeepEqual(w, wBefore) || !reflect.DeepEqual(reg, regBefore) || !maps.EqualFunc(bundle.Keys, keysBefore, func(x, y ed25519.PublicKey) bool { return bytes.Equal(x, y) }) {
 		t.Fatal("DecideWrite changed one of its inputs")
 	}
-	if !strings.HasPrefix(d.Message, string(d.Verdict)) {
-		t.Fatalf("the message %q does not start with the verdict %s", d.Message, d.Verdict)
-	}
-	if reg.ResourceID == fuzzResource && w.Subresource != "scale" && !reflect.DeepEqual(st, genuine) {
-		t.Fatalf("the stored state of the entry's own verified grant was not trusted: %+v", st)
-	}
-	checkMarks(t, w, d)
-	if d.Verdict != fence.Accepted || a.Delete {
-		if !reflect.DeepEqual(d.State, st) {
-			t.Fatalf("verdict %s changed the fence state:\n before %+v\n after  %+v", d.Verdict, st, d.State)
-		}
-		if d.Verdict == fence.Accepted && (reg.Holder == nil || a.User != reg.Holder.Owner || !grant.LeaseAdmits(reg.Holder.Lease, a.Pod) ||
-			reg.Holder.Fence < st.HighestFence || !fuzzNow.Before(reg.Holder.ExpiresAt)) {
-			t.Fatalf("a deletion was accepted from %s without the current holder's grant", a.User)
-		}
-		if d.Verdict == fence.Accepted && (!st.DeleteIntent || st.GrantDigest != reg.Holder.Digest || stored.PolicyGeneration != reg.Generation) {
-			t.Fatalf("a deletion was accepted that the current grant did not declare: %+v", st)
-		}
-		return d
-	}
+	return d, st
+}
 
-	// An acceptance, checked rule by rule.
-	e, err := fence.ParseEnvelope(a.Fence)
-	if err != nil {
-		t.Fatalf("accepted an unparsable annotation: %v", err)
+// checkStateKept checks a denial or a deletion left the fence state st as it
+// was, and that a deletion was accepted only from the current holder, whose
+// grant declared it.
+func checkStateKept(t *testing.T, d fence.Decision, st fence.State, a fence.Attempt, reg fence.Registry, stored grant.Grant) {
+	t.Helper()
+	if !reflect.DeepEqual(d.State, st) {
+		t.Fatalf("verdict %s changed the fence state:\n before %+v\n after  %+v", d.Verdict, st, d.State)
 	}
+	if d.Verdict == fence.Accepted && (reg.Holder == nil || a.User != reg.Holder.Owner || !grant.LeaseAdmits(reg.Holder.Lease, a.Pod) ||
+		reg.Holder.Fence < st.HighestFence || !fuzzNow.Before(reg.Holder.ExpiresAt)) {
+		t.Fatalf("a deletion was accepted from %s without the current holder's grant", a.User)
+	}
+	if d.Verdict == fence.Accepted && (!st.DeleteIntent || st.GrantDigest != reg.Holder.Digest || stored.PolicyGeneration != reg.Generation) {
+		t.Fatalf("a deletion was accepted that the current grant did not declare: %+v", st)
+	}
+}
+
+// checkAcceptedGrant checks whose grant was accepted: a new annotation,
+// verified, of the entry's resource, from its owner (and pod), of a live
+// epoch, for the written payload, and the registry's current grant.
+func checkAcceptedGrant(t *testing.T, e fence.Envelope, a fence.Attempt, ann map[string]string, reg fence.Registry, bundle *grant.TrustBundle) {
+	t.Helper()
 	ag := e.Grant
 	switch {
 	case a.Fence == ann[fence.AnnotationFence]:
@@ -438,6 +516,17 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 		t.Fatal("accepted a payload mismatch")
 	case reg.Holder == nil || reg.Holder.Digest != ag.Digest() || !fuzzNow.Before(reg.Holder.ExpiresAt) || ag.PolicyGeneration != reg.Generation:
 		t.Fatal("accepted a grant that is not the registry's current one")
+	}
+}
+
+// checkAcceptedSegment checks where the accepted segment falls: never below
+// the stored fence, a new fence starting at segment 1, the stored fence
+// continued by the next segment of its operation; and that the new state
+// records it.
+func checkAcceptedSegment(t *testing.T, e fence.Envelope, a fence.Attempt, st fence.State, d fence.Decision) {
+	t.Helper()
+	ag := e.Grant
+	switch {
 	case ag.FenceToken < st.HighestFence:
 		t.Fatalf("accepted fence %d below the stored %d", ag.FenceToken, st.HighestFence)
 	case ag.FenceToken > st.HighestFence && e.Segment != 1:
@@ -449,6 +538,13 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 	case d.State.HighestFence != ag.FenceToken || d.State.HighestFence < st.HighestFence || d.State.Accepted != a.Fence:
 		t.Fatalf("the new state %+v does not record the accepted segment", d.State)
 	}
+}
+
+// checkReceiptLog checks the accepted segment's receipt log, the decision's
+// and the written one, is the stored log plus this segment.
+func checkReceiptLog(t *testing.T, e fence.Envelope, st fence.State, w fence.Write, d fence.Decision) {
+	t.Helper()
+	ag := e.Grant
 	want := fence.AppendReceipt(st.Receipts, fence.Receipt{Fence: ag.FenceToken, Segment: e.Segment, Operation: e.Operation, Payload: e.Payload,
 		Receipt: fence.ReceiptDigest(fuzzResource, ag.FenceToken, ag.OperationRoot, e.Segment, e.Operation, e.Payload)})
 	if !reflect.DeepEqual(d.State.Receipts, want) || d.Receipt != want[len(want)-1].Receipt {
@@ -457,13 +553,6 @@ func checkDecide(t *testing.T, storedFence, storedSeg, fenceToken, segment int64
 	if got, err := fence.ParseReceipts(w.New.Annotations[fence.AnnotationReceipts]); err != nil || !slices.Equal(got, want) {
 		t.Fatalf("accepted a write whose receipt log is not the stored log plus this segment: %v", err)
 	}
-	if !has(fzRawAnnotation) {
-		// What the client stamped is what the acceptance point computed.
-		if got, err := fence.StateOf(written[fence.AnnotationFence], written[fence.AnnotationReceipts]); err != nil || !reflect.DeepEqual(got, d.State) {
-			t.Fatalf("Stamp and Decide disagree on the new state: %v\n stamp  %+v\n decide %+v", err, got, d.State)
-		}
-	}
-	return d
 }
 
 // fuzzWrite is the write FuzzDecide's flags describe: an update of the

@@ -110,162 +110,224 @@ func (r *report) write(path string) (string, error) {
 
 // print writes the table.
 func (r *report) print(out io.Writer) {
-	fmt.Fprintf(out, "\nfencekeeper bench — %s, %d CPUs, %s, commit %s\n", r.Env.Start.Format(time.RFC3339), r.Env.CPUs, r.Env.Go, r.Env.Commit)
-	fmt.Fprintf(out, "command: %s\nrun time: %s\nload before: %s\nload after:  %s\noperator: %s\n",
-		r.Env.Command, r.Env.RunTime, r.Env.LoadBefore, r.Env.LoadAfter, r.Env.Operator)
-	if r.Env.Quick {
-		fmt.Fprintln(out, "QUICK MODE: samples far too small to judge; the figures only prove the bench runs.")
-	}
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	row := func(cells ...any) {
-		for i, c := range cells {
-			if i > 0 {
-				fmt.Fprint(tw, "\t")
-			}
-			switch v := c.(type) {
-			case float64:
-				fmt.Fprint(tw, fmtF(v))
-			default:
-				fmt.Fprint(tw, v)
-			}
-		}
-		fmt.Fprintln(tw, "\t")
-	}
-	section := func(title string) {
-		tw.Flush()
-		fmt.Fprintf(out, "\n%s\n", title)
-	}
-	distRow := func(name string, d dist) { row(name, d.N, d.P50, d.P90, d.P99, d.Max) }
+	r.Env.print(out)
+	tb := newTable(out)
 	if m := r.Micro; m != nil {
-		section("Acceptance floor (Go microbenchmarks, one core)")
-		row("function", "ns/op", "allocs/op", "B/op")
-		for _, b := range m.Benchmarks {
-			row(b.Name, b.NsPerOp, b.AllocsPerOp, b.BytesPerOp)
-		}
+		m.print(tb)
 	}
 	if h := r.Handoff; h != nil {
-		section("1. Release handoff: holder releases → waiter HELD with fence+1 (ms)")
-		row("mechanism", "n", "p50", "p90", "p99", "max")
-		distRow("fencekeeper (lockclient)", h.Fencekeeper)
-		distRow("raw Lease CAS + watch", h.Raw)
-		distRow("custom-resource floor: 2 writes, 2 hops*", h.Floor)
-		distRow(fmt.Sprintf("leaderelection ReleaseOnCancel (retry %s)", h.LERetryPeriod), h.LeaderElection)
-		row("fencekeeper first 10% / last 10% p99", "", "", "", fmt.Sprintf("%s / %s", fmtF(h.FirstTenthP99), fmtF(h.LastTenthP99)), "")
-		tw.Flush()
-		fmt.Fprintf(out, "  * release PATCH → minimal issuer (raw watch, sign, registry CAS) → waiter's registry watch, on copies of the CRDs with real-size objects, no operator (floorhandoff.go; not judged): p50 %s× raw, p99 %s× raw; fencekeeper is %s× / %s× the floor\n",
-			fmtF(ratio(h.Floor.P50, h.Raw.P50)), fmtF(ratio(h.Floor.P99, h.Raw.P99)), fmtF(ratio(h.Fencekeeper.P50, h.Floor.P50)), fmtF(ratio(h.Fencekeeper.P99, h.Floor.P99)))
-		section("   where a fencekeeper handoff's time goes (ms after Release was called)")
-		row("step", "p50", "p99")
-		for _, s := range h.Stages {
-			row(s.Name, s.P50, s.P99)
-		}
-		row("(floor: release request answered)", h.FloorReleaseAnswered.P50, h.FloorReleaseAnswered.P99)
+		h.print(tb)
 	}
 	if x := r.Expiry; x != nil {
-		section("2. Expiry handoff: expiresAt (issuer clock) → waiter HELD (ms)")
-		row("mechanism", "n", "p50", "p90", "p99", "max")
-		distRow("fencekeeper, 1 s leases", x.Fencekeeper)
-		section("   where an expiry handoff's time goes (ms after expiresAt)")
-		row("step", "p50", "p99")
-		for _, s := range x.Stages {
-			row(s.Name, s.P50, s.P99)
-		}
+		x.print(tb)
 	}
 	if t := r.Throughput; t != nil {
-		section(fmt.Sprintf("3. Throughput: closed-loop acquire→release, %d clients, %s windows", t.Clients, t.Window))
-		row("run", "resources", "cycles", "cycles/s", "cycle p50 ms", "cycle p99 ms", "API writes/cycle", "client writes/cycle", "CAS conflicts")
-		runs := t.Runs
-		if t.Floor != nil {
-			runs = append(slices.Clone(runs), *t.Floor)
-		}
-		for _, x := range runs {
-			row(x.Name, x.Resources, x.Cycles, x.PerSecond, x.Cycle.P50, x.Cycle.P99, x.WritesPerCycle, x.ClientWritesPerCycle, x.Conflicts)
-		}
-		tw.Flush()
-		for _, x := range runs {
-			if len(x.WriteBreakdown) > 0 {
-				fmt.Fprintf(out, "  %s — API writes/cycle by resource: %s\n", x.Name, breakdown(x.WriteBreakdown))
-			}
-			if len(x.ReadBreakdown) > 0 {
-				fmt.Fprintf(out, "  %s — API reads/cycle by resource: %s\n", x.Name, breakdown(x.ReadBreakdown))
-			}
-			if len(x.CPUPerCycle) > 0 {
-				fmt.Fprintf(out, "  %s — CPU ms/cycle by process: %s (machine %.0f%% busy)\n", x.Name, breakdown(x.CPUPerCycle), 100*x.MachineBusy)
-			}
-		}
-		if f := t.Floor; f != nil && len(t.Runs) == 4 {
-			fmt.Fprintf(out, "  the custom-resource floor is %s× raw uncontended and %s× raw contended; fencekeeper reaches %s of it uncontended, %s contended\n",
-				fmtF(t.FloorOverRawUncontended), fmtF(t.FloorOverRawContended),
-				fmtF(ratio(t.Runs[1].PerSecond, f.PerSecond)), fmtF(ratio(t.Runs[3].PerSecond, f.PerSecond)))
-		}
+		t.print(tb)
 	}
 	if w := r.Webhook; w != nil {
-		section("4. Webhook overhead: ConfigMap update latency, interleaved (ms)")
-		row("rate/s", "kind", "n", "p50", "p90", "p99", "max", "p99 ratio")
-		for _, x := range w.Rates {
-			row(x.Rate, "unprotected", x.Unprotected.N, x.Unprotected.P50, x.Unprotected.P90, x.Unprotected.P99, x.Unprotected.Max, "")
-			row(x.Rate, "protected (fenced)", x.Protected.N, x.Protected.P50, x.Protected.P90, x.Protected.P99, x.Protected.Max, x.P99Ratio)
-			row(x.Rate, "registry GET", x.RegistryGet.N, x.RegistryGet.P50, x.RegistryGet.P90, x.RegistryGet.P99, x.RegistryGet.Max, "")
-		}
-		tw.Flush()
-		fmt.Fprintln(out, "  unprotected: the twin without the protected label; in this namespace (it holds FencedResources) it still calls the webhook, which finds the entry its copied annotation names in its cache and reads nothing (that entry targets another object) — section 6 has writes the webhook never sees")
-		fmt.Fprintf(out, "webhook handler, protected and twin writes together (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
-		fmt.Fprintf(out, "  of which the registry read of protected writes (fencekeeper_admission_registry_read_seconds, %.0f reads): p50≈%s ms, p99≈%s ms\n", w.RegistryReads, fmtF(w.RegistryReadP50), fmtF(w.RegistryReadP99))
-		fmt.Fprintf(out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
-		fmt.Fprintf(out, "  (both interpolated within coarse histogram buckets)\n")
-		fmt.Fprintln(out, "  registry GET: a client's GET of a pair's FencedResource (the read the webhook makes on every protected write), sent in the same open loop as the updates at half their rate")
-		fmt.Fprintf(out, "the same registry GET alone (quiet API server, sequential at %g/s): p50 %s ms, p99 %s ms (n=%d)\n",
-			w.RegistryGetRate, fmtF(w.RegistryGetAlone.P50), fmtF(w.RegistryGetAlone.P99), w.RegistryGetAlone.N)
-		if pl, wt := w.FenceStatePlain, w.FenceStateWeighted; pl.N > 0 {
-			fmt.Fprintf(out, "fence state alone (namespace without FencedResources, no webhook; %d updates each, interleaved at %g/s): plain p50/p99 %s/%s ms, with a protected ConfigMap's fence and receipt annotations (%d bytes, changed each write) %s/%s ms: %s/%s ms\n",
-				pl.N, w.RegistryGetRate, fmtF(pl.P50), fmtF(pl.P99), w.FenceStateBytes, fmtF(wt.P50), fmtF(wt.P99), signed(wt.P50-pl.P50), signed(wt.P99-pl.P99))
-			fmt.Fprintln(out, "  the stored fence state is part of every protected write (DESIGN.md: the change, its fence annotation and receipt log are one write); the overhead rule's allowance, one registry GET, does not include it")
-		}
+		w.print(tb)
 	}
 	if s := r.Scale; s != nil {
-		section("5. Scale: FencedResources with active grants")
-		row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver MiB", "etcd MiB",
-			"handoff p50/p99 ms", "raw handoff p50/p99 ms", "protected p50/p99 ms", "unprotected p50/p99 ms", "acquire p50/p99 ms", "FR+target create p50 ms")
-		pair := func(d dist) string { return fmtF(d.P50) + " / " + fmtF(d.P99) }
-		for _, x := range s.Sizes {
-			create := fmtF(x.CreateWithTarget.P50)
-			if x.CreateFailures > 0 {
-				create = fmt.Sprintf("%s (%d of 5 refused)", create, x.CreateFailures)
-			}
-			row(x.Resources, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
-				pair(x.Handoff), pair(x.RawHandoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
-		}
-		tw.Flush()
-		fmt.Fprintf(out, "memory: %s\n", s.MemorySource)
-		for _, x := range s.Sizes {
-			if x.CreateError != "" {
-				fmt.Fprintf(out, "FencedResource-with-target create at %d: %s\n", x.Resources, x.CreateError)
-			}
-		}
+		s.print(tb)
 	}
 	if x := r.NonTarget; x != nil {
-		x.print(out, section, row, func() { tw.Flush() })
+		x.print(out, tb.section, tb.row, tb.flush)
 	}
 	if x := r.Soak; x != nil {
-		x.print(out, section, row, func() { tw.Flush() })
+		x.print(out, tb.section, tb.row, tb.flush)
 	}
-	if len(r.Targets) == 0 {
-		tw.Flush()
+	printTargets(tb, r.Targets)
+}
+
+// table is the printed report: sections, each a title and rows aligned in
+// columns, with notes between them.
+type table struct {
+	out io.Writer
+	tw  *tabwriter.Writer
+}
+
+func newTable(out io.Writer) *table {
+	return &table{out: out, tw: tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)}
+}
+
+// row writes one row; floats are formatted by fmtF.
+func (tb *table) row(cells ...any) {
+	for i, c := range cells {
+		if i > 0 {
+			fmt.Fprint(tb.tw, "\t")
+		}
+		switch v := c.(type) {
+		case float64:
+			fmt.Fprint(tb.tw, fmtF(v))
+		default:
+			fmt.Fprint(tb.tw, v)
+		}
+	}
+	fmt.Fprintln(tb.tw, "\t")
+}
+
+// section ends the rows so far and starts a section with its title.
+func (tb *table) section(title string) {
+	tb.tw.Flush()
+	fmt.Fprintf(tb.out, "\n%s\n", title)
+}
+
+// flush ends the rows so far, before a note.
+func (tb *table) flush() { tb.tw.Flush() }
+
+// distRow writes a distribution's row: n, p50, p90, p99, max.
+func (tb *table) distRow(name string, d dist) { tb.row(name, d.N, d.P50, d.P90, d.P99, d.Max) }
+
+// print writes the run's header: when, where, what ran.
+func (e envInfo) print(out io.Writer) {
+	fmt.Fprintf(out, "\nfencekeeper bench — %s, %d CPUs, %s, commit %s\n", e.Start.Format(time.RFC3339), e.CPUs, e.Go, e.Commit)
+	fmt.Fprintf(out, "command: %s\nrun time: %s\nload before: %s\nload after:  %s\noperator: %s\n",
+		e.Command, e.RunTime, e.LoadBefore, e.LoadAfter, e.Operator)
+	if e.Quick {
+		fmt.Fprintln(out, "QUICK MODE: samples far too small to judge; the figures only prove the bench runs.")
+	}
+}
+
+// print writes the microbenchmarks' section.
+func (m *microResult) print(tb *table) {
+	tb.section("Acceptance floor (Go microbenchmarks, one core)")
+	tb.row("function", "ns/op", "allocs/op", "B/op")
+	for _, b := range m.Benchmarks {
+		tb.row(b.Name, b.NsPerOp, b.AllocsPerOp, b.BytesPerOp)
+	}
+}
+
+// print writes section 1, the release handoff, and where its time goes.
+func (h *handoffResult) print(tb *table) {
+	tb.section("1. Release handoff: holder releases → waiter HELD with fence+1 (ms)")
+	tb.row("mechanism", "n", "p50", "p90", "p99", "max")
+	tb.distRow("fencekeeper (lockclient)", h.Fencekeeper)
+	tb.distRow("raw Lease CAS + watch", h.Raw)
+	tb.distRow("custom-resource floor: 2 writes, 2 hops*", h.Floor)
+	tb.distRow(fmt.Sprintf("leaderelection ReleaseOnCancel (retry %s)", h.LERetryPeriod), h.LeaderElection)
+	tb.row("fencekeeper first 10% / last 10% p99", "", "", "", fmt.Sprintf("%s / %s", fmtF(h.FirstTenthP99), fmtF(h.LastTenthP99)), "")
+	tb.flush()
+	fmt.Fprintf(tb.out, "  * release PATCH → minimal issuer (raw watch, sign, registry CAS) → waiter's registry watch, on copies of the CRDs with real-size objects, no operator (floorhandoff.go; not judged): p50 %s× raw, p99 %s× raw; fencekeeper is %s× / %s× the floor\n",
+		fmtF(ratio(h.Floor.P50, h.Raw.P50)), fmtF(ratio(h.Floor.P99, h.Raw.P99)), fmtF(ratio(h.Fencekeeper.P50, h.Floor.P50)), fmtF(ratio(h.Fencekeeper.P99, h.Floor.P99)))
+	tb.section("   where a fencekeeper handoff's time goes (ms after Release was called)")
+	tb.row("step", "p50", "p99")
+	for _, s := range h.Stages {
+		tb.row(s.Name, s.P50, s.P99)
+	}
+	tb.row("(floor: release request answered)", h.FloorReleaseAnswered.P50, h.FloorReleaseAnswered.P99)
+}
+
+// print writes section 2, the expiry handoff, and where its time goes.
+func (x *expiryResult) print(tb *table) {
+	tb.section("2. Expiry handoff: expiresAt (issuer clock) → waiter HELD (ms)")
+	tb.row("mechanism", "n", "p50", "p90", "p99", "max")
+	tb.distRow("fencekeeper, 1 s leases", x.Fencekeeper)
+	tb.section("   where an expiry handoff's time goes (ms after expiresAt)")
+	tb.row("step", "p50", "p99")
+	for _, s := range x.Stages {
+		tb.row(s.Name, s.P50, s.P99)
+	}
+}
+
+// print writes section 3, the throughput runs, with their API and CPU
+// cost per cycle.
+func (t *throughputResult) print(tb *table) {
+	tb.section(fmt.Sprintf("3. Throughput: closed-loop acquire→release, %d clients, %s windows", t.Clients, t.Window))
+	tb.row("run", "resources", "cycles", "cycles/s", "cycle p50 ms", "cycle p99 ms", "API writes/cycle", "client writes/cycle", "CAS conflicts")
+	runs := t.Runs
+	if t.Floor != nil {
+		runs = append(slices.Clone(runs), *t.Floor)
+	}
+	for _, x := range runs {
+		tb.row(x.Name, x.Resources, x.Cycles, x.PerSecond, x.Cycle.P50, x.Cycle.P99, x.WritesPerCycle, x.ClientWritesPerCycle, x.Conflicts)
+	}
+	tb.flush()
+	for _, x := range runs {
+		if len(x.WriteBreakdown) > 0 {
+			fmt.Fprintf(tb.out, "  %s — API writes/cycle by resource: %s\n", x.Name, breakdown(x.WriteBreakdown))
+		}
+		if len(x.ReadBreakdown) > 0 {
+			fmt.Fprintf(tb.out, "  %s — API reads/cycle by resource: %s\n", x.Name, breakdown(x.ReadBreakdown))
+		}
+		if len(x.CPUPerCycle) > 0 {
+			fmt.Fprintf(tb.out, "  %s — CPU ms/cycle by process: %s (machine %.0f%% busy)\n", x.Name, breakdown(x.CPUPerCycle), 100*x.MachineBusy)
+		}
+	}
+	if f := t.Floor; f != nil && len(t.Runs) == 4 {
+		fmt.Fprintf(tb.out, "  the custom-resource floor is %s× raw uncontended and %s× raw contended; fencekeeper reaches %s of it uncontended, %s contended\n",
+			fmtF(t.FloorOverRawUncontended), fmtF(t.FloorOverRawContended),
+			fmtF(ratio(t.Runs[1].PerSecond, f.PerSecond)), fmtF(ratio(t.Runs[3].PerSecond, f.PerSecond)))
+	}
+}
+
+// print writes section 4, the webhook's overhead, and the figures that
+// explain it.
+func (w *webhookResult) print(tb *table) {
+	tb.section("4. Webhook overhead: ConfigMap update latency, interleaved (ms)")
+	tb.row("rate/s", "kind", "n", "p50", "p90", "p99", "max", "p99 ratio")
+	for _, x := range w.Rates {
+		tb.row(x.Rate, "unprotected", x.Unprotected.N, x.Unprotected.P50, x.Unprotected.P90, x.Unprotected.P99, x.Unprotected.Max, "")
+		tb.row(x.Rate, "protected (fenced)", x.Protected.N, x.Protected.P50, x.Protected.P90, x.Protected.P99, x.Protected.Max, x.P99Ratio)
+		tb.row(x.Rate, "registry GET", x.RegistryGet.N, x.RegistryGet.P50, x.RegistryGet.P90, x.RegistryGet.P99, x.RegistryGet.Max, "")
+	}
+	tb.flush()
+	fmt.Fprintln(tb.out, "  unprotected: the twin without the protected label; in this namespace (it holds FencedResources) it still calls the webhook, which finds the entry its copied annotation names in its cache and reads nothing (that entry targets another object) — section 6 has writes the webhook never sees")
+	fmt.Fprintf(tb.out, "webhook handler, protected and twin writes together (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
+	fmt.Fprintf(tb.out, "  of which the registry read of protected writes (fencekeeper_admission_registry_read_seconds, %.0f reads): p50≈%s ms, p99≈%s ms\n", w.RegistryReads, fmtF(w.RegistryReadP50), fmtF(w.RegistryReadP99))
+	fmt.Fprintf(tb.out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
+	fmt.Fprintf(tb.out, "  (both interpolated within coarse histogram buckets)\n")
+	fmt.Fprintln(tb.out, "  registry GET: a client's GET of a pair's FencedResource (the read the webhook makes on every protected write), sent in the same open loop as the updates at half their rate")
+	fmt.Fprintf(tb.out, "the same registry GET alone (quiet API server, sequential at %g/s): p50 %s ms, p99 %s ms (n=%d)\n",
+		w.RegistryGetRate, fmtF(w.RegistryGetAlone.P50), fmtF(w.RegistryGetAlone.P99), w.RegistryGetAlone.N)
+	if pl, wt := w.FenceStatePlain, w.FenceStateWeighted; pl.N > 0 {
+		fmt.Fprintf(tb.out, "fence state alone (namespace without FencedResources, no webhook; %d updates each, interleaved at %g/s): plain p50/p99 %s/%s ms, with a protected ConfigMap's fence and receipt annotations (%d bytes, changed each write) %s/%s ms: %s/%s ms\n",
+			pl.N, w.RegistryGetRate, fmtF(pl.P50), fmtF(pl.P99), w.FenceStateBytes, fmtF(wt.P50), fmtF(wt.P99), signed(wt.P50-pl.P50), signed(wt.P99-pl.P99))
+		fmt.Fprintln(tb.out, "  the stored fence state is part of every protected write (DESIGN.md: the change, its fence annotation and receipt log are one write); the overhead rule's allowance, one registry GET, does not include it")
+	}
+}
+
+// print writes section 5, the figures at each scale.
+func (s *scaleResult) print(tb *table) {
+	tb.section("5. Scale: FencedResources with active grants")
+	tb.row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver MiB", "etcd MiB",
+		"handoff p50/p99 ms", "raw handoff p50/p99 ms", "protected p50/p99 ms", "unprotected p50/p99 ms", "acquire p50/p99 ms", "FR+target create p50 ms")
+	pair := func(d dist) string { return fmtF(d.P50) + " / " + fmtF(d.P99) }
+	for _, x := range s.Sizes {
+		create := fmtF(x.CreateWithTarget.P50)
+		if x.CreateFailures > 0 {
+			create = fmt.Sprintf("%s (%d of 5 refused)", create, x.CreateFailures)
+		}
+		tb.row(x.Resources, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
+			pair(x.Handoff), pair(x.RawHandoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
+	}
+	tb.flush()
+	fmt.Fprintf(tb.out, "memory: %s\n", s.MemorySource)
+	for _, x := range s.Sizes {
+		if x.CreateError != "" {
+			fmt.Fprintf(tb.out, "FencedResource-with-target create at %d: %s\n", x.Resources, x.CreateError)
+		}
+	}
+}
+
+// printTargets writes the targets and their results, then ends the table.
+func printTargets(tb *table, targets []target) {
+	if len(targets) == 0 {
+		tb.flush()
 		return
 	}
-	section("Targets (critical path; non-target writes)")
-	row("target", "rule", "measured", "limit", "result")
-	for _, t := range r.Targets {
+	tb.section("Targets (critical path; non-target writes)")
+	tb.row("target", "rule", "measured", "limit", "result")
+	for _, t := range targets {
 		res := "PASS"
 		if !t.Pass {
 			res = "FAIL"
 		}
-		row(t.Name, t.Rule, fmtF(t.Measured)+" "+t.Unit, fmtF(t.Limit)+" "+t.Unit, res)
+		tb.row(t.Name, t.Rule, fmtF(t.Measured)+" "+t.Unit, fmtF(t.Limit)+" "+t.Unit, res)
 	}
-	tw.Flush()
-	for _, t := range r.Targets {
+	tb.flush()
+	for _, t := range targets {
 		if t.Detail != "" {
-			fmt.Fprintf(out, "  %s: %s\n", t.Name, t.Detail)
+			fmt.Fprintf(tb.out, "  %s: %s\n", t.Name, t.Detail)
 		}
 	}
 }

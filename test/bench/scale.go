@@ -70,29 +70,7 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 	r.Scale = s
 	// Peak RSS: sampled throughout, reset per size.
 	var peak atomic.Uint64
-	go func() {
-		t := time.NewTicker(250 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				// /proc only: scraping the operator's metrics four times a
-				// second made it allocate ~30 MB/s at 10,000 entries, and
-				// its garbage collections showed up in the handoff tail.
-				if m, err := e.op.Resident(); err == nil {
-					rss := m.RSS
-					for {
-						old := peak.Load()
-						if rss <= old || peak.CompareAndSwap(old, rss) {
-							break
-						}
-					}
-				}
-			}
-		}
-	}()
+	go e.trackPeakRSS(ctx, &peak)
 	// The protected objects exist before the registry grows around them
 	// (creating a FencedResource with a target gets slower as the namespace
 	// fills up; that is measured separately below).
@@ -137,26 +115,9 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			return err
 		}
 
-		// Uncontended acquire → release on a fresh resource.
-		var acq []time.Duration
-		acqRes := fmt.Sprintf("acquire-%d", size)
-		if err := e.fencedResource(ctx, ns, acqRes, 60, ""); err != nil {
+		if x.Acquire, err = e.uncontendedAcquires(ctx, ns, lc, size); err != nil {
 			return err
 		}
-		for i := 0; i < 30; i++ {
-			t := time.Now()
-			l, err := lc.Acquire(ctx, acqRes, lockclient.AcquireOptions{})
-			if err != nil {
-				return fmt.Errorf("acquire at %d: %w", size, err)
-			}
-			if i >= 5 {
-				acq = append(acq, time.Since(t))
-			}
-			if err := l.Release(ctx); err != nil {
-				return err
-			}
-		}
-		x.Acquire = summarize(acq)
 
 		if _, _, err := interleaved(ctx, pairs, 50, 10); err != nil {
 			return err
@@ -170,22 +131,7 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			stopProfiles()
 		}
 
-		// FencedResource creation with a target: its webhook looks the target
-		// up in its cache and claims it. A refusal (webhook timeout) is a result.
-		var creates []time.Duration
-		for i := 0; i < 5; i++ {
-			name := fmt.Sprintf("target-probe-%d-%d", size, i)
-			t := time.Now()
-			if err := e.fencedResource(ctx, ns, name, 60, name); err != nil {
-				x.CreateFailures++
-				if x.CreateError == "" {
-					x.CreateError = fmt.Sprintf("after %s: %v", time.Since(t).Round(time.Millisecond), err)
-				}
-				continue
-			}
-			creates = append(creates, time.Since(t))
-		}
-		x.CreateWithTarget = summarize(creates)
+		e.createsWithTarget(ctx, ns, size, &x)
 		m, err = e.op.Memory()
 		if err == nil && m.RSS > peak.Load() {
 			peak.Store(m.RSS)
@@ -195,25 +141,107 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			size, x.Handoff.P99, x.Protected.P99, x.OperatorPeakMiB, x.CreateFailures)
 		s.Sizes = append(s.Sizes, x)
 	}
-	if len(s.Sizes) >= 2 {
-		small, big := s.Sizes[0], s.Sizes[len(s.Sizes)-1]
-		r.judge(fmt.Sprintf("scale handoff p99 %d vs %d", big.Resources, small.Resources), "growth ≤ 1.1× the raw Lease handoff's growth",
-			ratio(ratio(big.Handoff.P99, small.Handoff.P99), ratio(big.RawHandoff.P99, small.RawHandoff.P99)), 1.1, "×",
-			fmt.Sprintf("handoff p99 %s ms at %d, %s ms at %d (control: raw Lease handoff p99 %s → %s ms, %s×); p50 growth %s× against the control's %s×",
-				fmtF(big.Handoff.P99), big.Resources, fmtF(small.Handoff.P99), small.Resources, fmtF(small.RawHandoff.P99), fmtF(big.RawHandoff.P99),
-				fmtF(ratio(big.RawHandoff.P99, small.RawHandoff.P99)), fmtF(ratio(big.Handoff.P50, small.Handoff.P50)), fmtF(ratio(big.RawHandoff.P50, small.RawHandoff.P50))))
-		r.judge(fmt.Sprintf("scale webhook p99 %d vs %d", big.Resources, small.Resources), "growth ≤ 1.1× the unprotected update's growth",
-			ratio(ratio(big.Protected.P99, small.Protected.P99), ratio(big.Unprotected.P99, small.Unprotected.P99)), 1.1, "×",
-			fmt.Sprintf("protected update p99 %s ms at %d, %s ms at %d (control: unprotected update p99 %s → %s ms, %s×); p50 growth %s× against the control's %s×",
-				fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources, fmtF(small.Unprotected.P99), fmtF(big.Unprotected.P99),
-				fmtF(ratio(big.Unprotected.P99, small.Unprotected.P99)), fmtF(ratio(big.Protected.P50, small.Protected.P50)), fmtF(ratio(big.Unprotected.P50, small.Unprotected.P50))))
-		r.judge(fmt.Sprintf("FencedResource create p99 at %d", big.Resources), "≤ 50 ms", big.CreateWithTarget.P99, 50, "ms",
-			fmt.Sprintf("FencedResource-with-target creates: p99 %s ms at %d, %s ms at %d", fmtF(big.CreateWithTarget.P99), big.Resources,
-				fmtF(small.CreateWithTarget.P99), small.Resources))
-		r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS ≤ 256 MiB", big.OperatorPeakMiB, 256, "MiB",
-			fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
-	}
+	r.judgeScale(s)
 	return nil
+}
+
+// judgeScale judges the growth from the smallest size to the largest
+// (handoff, webhook, FencedResource creation) and the operator's memory at
+// the largest; it needs two sizes.
+func (r *report) judgeScale(s *scaleResult) {
+	if len(s.Sizes) < 2 {
+		return
+	}
+	small, big := s.Sizes[0], s.Sizes[len(s.Sizes)-1]
+	r.judge(fmt.Sprintf("scale handoff p99 %d vs %d", big.Resources, small.Resources), "growth ≤ 1.1× the raw Lease handoff's growth",
+		ratio(ratio(big.Handoff.P99, small.Handoff.P99), ratio(big.RawHandoff.P99, small.RawHandoff.P99)), 1.1, "×",
+		fmt.Sprintf("handoff p99 %s ms at %d, %s ms at %d (control: raw Lease handoff p99 %s → %s ms, %s×); p50 growth %s× against the control's %s×",
+			fmtF(big.Handoff.P99), big.Resources, fmtF(small.Handoff.P99), small.Resources, fmtF(small.RawHandoff.P99), fmtF(big.RawHandoff.P99),
+			fmtF(ratio(big.RawHandoff.P99, small.RawHandoff.P99)), fmtF(ratio(big.Handoff.P50, small.Handoff.P50)), fmtF(ratio(big.RawHandoff.P50, small.RawHandoff.P50))))
+	r.judge(fmt.Sprintf("scale webhook p99 %d vs %d", big.Resources, small.Resources), "growth ≤ 1.1× the unprotected update's growth",
+		ratio(ratio(big.Protected.P99, small.Protected.P99), ratio(big.Unprotected.P99, small.Unprotected.P99)), 1.1, "×",
+		fmt.Sprintf("protected update p99 %s ms at %d, %s ms at %d (control: unprotected update p99 %s → %s ms, %s×); p50 growth %s× against the control's %s×",
+			fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources, fmtF(small.Unprotected.P99), fmtF(big.Unprotected.P99),
+			fmtF(ratio(big.Unprotected.P99, small.Unprotected.P99)), fmtF(ratio(big.Protected.P50, small.Protected.P50)), fmtF(ratio(big.Unprotected.P50, small.Unprotected.P50))))
+	r.judge(fmt.Sprintf("FencedResource create p99 at %d", big.Resources), "≤ 50 ms", big.CreateWithTarget.P99, 50, "ms",
+		fmt.Sprintf("FencedResource-with-target creates: p99 %s ms at %d, %s ms at %d", fmtF(big.CreateWithTarget.P99), big.Resources,
+			fmtF(small.CreateWithTarget.P99), small.Resources))
+	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS ≤ 256 MiB", big.OperatorPeakMiB, 256, "MiB",
+		fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
+}
+
+// trackPeakRSS keeps peak at the highest operator RSS, sampled every 250 ms
+// until ctx ends.
+func (e *env) trackPeakRSS(ctx context.Context, peak *atomic.Uint64) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			// /proc only: scraping the operator's metrics four times a
+			// second made it allocate ~30 MB/s at 10,000 entries, and
+			// its garbage collections showed up in the handoff tail.
+			if m, err := e.op.Resident(); err == nil {
+				raiseTo(peak, m.RSS)
+			}
+		}
+	}
+}
+
+// raiseTo raises peak to v unless it is already as high.
+func raiseTo(peak *atomic.Uint64, v uint64) {
+	for {
+		old := peak.Load()
+		if v <= old || peak.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// uncontendedAcquires measures uncontended acquire → release on a fresh
+// resource: 30 cycles, the first 5 a warm-up.
+func (e *env) uncontendedAcquires(ctx context.Context, ns string, lc *lockclient.Client, size int) (dist, error) {
+	var acq []time.Duration
+	acqRes := fmt.Sprintf("acquire-%d", size)
+	if err := e.fencedResource(ctx, ns, acqRes, 60, ""); err != nil {
+		return dist{}, err
+	}
+	for i := 0; i < 30; i++ {
+		t := time.Now()
+		l, err := lc.Acquire(ctx, acqRes, lockclient.AcquireOptions{})
+		if err != nil {
+			return dist{}, fmt.Errorf("acquire at %d: %w", size, err)
+		}
+		if i >= 5 {
+			acq = append(acq, time.Since(t))
+		}
+		if err := l.Release(ctx); err != nil {
+			return dist{}, err
+		}
+	}
+	return summarize(acq), nil
+}
+
+// createsWithTarget measures FencedResource creation with a target: its
+// webhook looks the target up in its cache and claims it. A refusal
+// (webhook timeout) is a result: x counts it and keeps the first error.
+func (e *env) createsWithTarget(ctx context.Context, ns string, size int, x *scaleSize) {
+	var creates []time.Duration
+	for i := 0; i < 5; i++ {
+		name := fmt.Sprintf("target-probe-%d-%d", size, i)
+		t := time.Now()
+		if err := e.fencedResource(ctx, ns, name, 60, name); err != nil {
+			x.CreateFailures++
+			if x.CreateError == "" {
+				x.CreateError = fmt.Sprintf("after %s: %v", time.Since(t).Round(time.Millisecond), err)
+			}
+			continue
+		}
+		creates = append(creates, time.Since(t))
+	}
+	x.CreateWithTarget = summarize(creates)
 }
 
 // scaleHandoffs measures release handoffs and the raw Lease handoff (the

@@ -104,141 +104,164 @@ func managerSpec(t *testing.T, objs []object) (pod, container map[string]any) {
 
 func TestChartValues(t *testing.T) {
 	root := repoRoot(t)
+	for _, c := range []struct {
+		name string
+		test func(t *testing.T, root string)
+	}{
+		{"self-signed certificates: replicas share one Secret", chartSelfSignedCerts},
+		{"cert-manager's user reaches the manager", chartCertManagerUsername},
+		{"protected kinds reach both protected entries and the operator's RBAC", chartProtectedKinds},
+		{"replicas, resources, priority class, PDB and spread toggles", chartReplicasAndScheduling},
+		{"monitoring objects and NetworkPolicy are off by default and on by value", chartOptionalObjects},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.test(t, root) })
+	}
+}
 
-	t.Run("self-signed certificates: replicas share one Secret", func(t *testing.T) {
-		objs := parse(t, renderChart(t, root, "certificates.mode=self-signed"))
-		for _, k := range []string{"Certificate fencekeeper-system/fencekeeper-serving-cert", "Issuer fencekeeper-system/fencekeeper-selfsigned-issuer"} {
-			if has(objs, k) {
-				t.Errorf("self-signed rendered %s", k)
-			}
+// chartSelfSignedCerts: with self-signed certificates the replicas share one
+// Secret: no cert-manager objects, a PodDisruptionBudget, the manager flags,
+// no mounted certificate and no CA injection.
+func chartSelfSignedCerts(t *testing.T, root string) {
+	objs := parse(t, renderChart(t, root, "certificates.mode=self-signed"))
+	for _, k := range []string{"Certificate fencekeeper-system/fencekeeper-serving-cert", "Issuer fencekeeper-system/fencekeeper-selfsigned-issuer"} {
+		if has(objs, k) {
+			t.Errorf("self-signed rendered %s", k)
 		}
-		if !has(objs, "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager") {
-			t.Errorf("self-signed with 2 replicas rendered no PodDisruptionBudget")
+	}
+	if !has(objs, "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager") {
+		t.Errorf("self-signed with 2 replicas rendered no PodDisruptionBudget")
+	}
+	pod, c := managerSpec(t, objs)
+	args := strings.Join(toStrings(c["args"]), " ")
+	for _, want := range []string{"--self-signed-certs", "--webhook-hosts=fencekeeper-webhook-service.fencekeeper-system.svc,",
+		"--webhook-configuration=fencekeeper-validating-webhook-configuration", "--cert-manager-username= "} {
+		if !strings.Contains(args+" ", want) {
+			t.Errorf("manager args %q lack %q", args, want)
 		}
-		pod, c := managerSpec(t, objs)
-		args := strings.Join(toStrings(c["args"]), " ")
-		for _, want := range []string{"--self-signed-certs", "--webhook-hosts=fencekeeper-webhook-service.fencekeeper-system.svc,",
-			"--webhook-configuration=fencekeeper-validating-webhook-configuration", "--cert-manager-username= "} {
-			if !strings.Contains(args+" ", want) {
-				t.Errorf("manager args %q lack %q", args, want)
-			}
-		}
-		if v, ok := pod["volumes"]; ok {
-			t.Errorf("self-signed: the replicas read the shared Secret, yet the pod mounts %v", v)
-		}
-		cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
-		if _, ok := cfg["metadata"].(map[string]any)["annotations"]; ok {
-			t.Errorf("self-signed: the webhook configuration still asks cert-manager to inject a CA")
-		}
-	})
+	}
+	if v, ok := pod["volumes"]; ok {
+		t.Errorf("self-signed: the replicas read the shared Secret, yet the pod mounts %v", v)
+	}
+	cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
+	if _, ok := cfg["metadata"].(map[string]any)["annotations"]; ok {
+		t.Errorf("self-signed: the webhook configuration still asks cert-manager to inject a CA")
+	}
+}
 
-	t.Run("cert-manager's user reaches the manager", func(t *testing.T) {
-		_, c := managerSpec(t, parse(t, renderChart(t, root, "certificates.certManagerUsername=system:serviceaccount:certs:cm")))
-		if args := strings.Join(toStrings(c["args"]), " "); !strings.Contains(args, "--cert-manager-username=system:serviceaccount:certs:cm") {
-			t.Errorf("manager args %q lack the cert-manager user", args)
-		}
-	})
+// chartCertManagerUsername: cert-manager's user reaches the manager's flags.
+func chartCertManagerUsername(t *testing.T, root string) {
+	_, c := managerSpec(t, parse(t, renderChart(t, root, "certificates.certManagerUsername=system:serviceaccount:certs:cm")))
+	if args := strings.Join(toStrings(c["args"]), " "); !strings.Contains(args, "--cert-manager-username=system:serviceaccount:certs:cm") {
+		t.Errorf("manager args %q lack the cert-manager user", args)
+	}
+}
 
-	t.Run("protected kinds reach both protected entries and the operator's RBAC", func(t *testing.T) {
-		objs := parse(t, renderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].version=v1", "protectedKinds[0].resource=deployments"))
-		cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
-		protected := 0
-		for _, w := range cfg["webhooks"].([]any) {
-			w := w.(map[string]any)
-			name := w["name"].(string)
-			found := false
-			for _, r := range w["rules"].([]any) {
-				r := r.(map[string]any)
-				if strings.Join(toStrings(r["apiGroups"]), ",") == "apps" && strings.Join(toStrings(r["resources"]), ",") == "deployments,deployments/*" {
-					found = true
-				}
-			}
-			isProtected := name == localcp.ProtectedWebhook || name == localcp.EnrolledWebhook
-			if isProtected {
-				protected++
-			}
-			if found != isProtected {
-				t.Errorf("webhook %s: has the deployments rule %v, want %v", name, found, isProtected)
+// chartProtectedKinds: a protected kind reaches both protected webhook
+// entries, the operator's RBAC and the manager's flags; one without a
+// version is refused.
+func chartProtectedKinds(t *testing.T, root string) {
+	objs := parse(t, renderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].version=v1", "protectedKinds[0].resource=deployments"))
+	cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
+	protected := 0
+	for _, w := range cfg["webhooks"].([]any) {
+		w := w.(map[string]any)
+		name := w["name"].(string)
+		found := false
+		for _, r := range w["rules"].([]any) {
+			r := r.(map[string]any)
+			if strings.Join(toStrings(r["apiGroups"]), ",") == "apps" && strings.Join(toStrings(r["resources"]), ",") == "deployments,deployments/*" {
+				found = true
 			}
 		}
-		if protected != 2 {
-			t.Errorf("found %d protected webhook entries, want 2 (%s, %s)", protected, localcp.ProtectedWebhook, localcp.EnrolledWebhook)
+		isProtected := name == localcp.ProtectedWebhook || name == localcp.EnrolledWebhook
+		if isProtected {
+			protected++
 		}
-		role := find(t, objs, "ClusterRole /fencekeeper-protected-kind-deployments.apps")
-		if l := role["metadata"].(map[string]any)["labels"].(map[string]any); l["fencekeeper.dev/aggregate-to-manager"] != "true" {
-			t.Errorf("per-kind role labels %v lack the aggregation label", l)
+		if found != isProtected {
+			t.Errorf("webhook %s: has the deployments rule %v, want %v", name, found, isProtected)
 		}
-		rule := role["rules"].([]any)[0].(map[string]any)
-		if toStrings(rule["resources"])[0] != "deployments" || strings.Join(toStrings(rule["verbs"]), ",") != "get,list,watch" {
-			t.Errorf("per-kind reader rule %v, want get, list, watch on apps/deployments", rule)
-		}
-		if _, c := managerSpec(t, objs); !strings.Contains(fmt.Sprint(c["args"]), "--protected-kinds=deployments.apps/v1") {
-			t.Errorf("manager args %v lack --protected-kinds=deployments.apps/v1", c["args"])
-		}
-		if _, err := tryRenderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].resource=deployments"); err == nil || !strings.Contains(err.Error(), "version and resource") {
-			t.Errorf("a protected kind without a version rendered (err %v); want a refusal", err)
-		}
-	})
+	}
+	if protected != 2 {
+		t.Errorf("found %d protected webhook entries, want 2 (%s, %s)", protected, localcp.ProtectedWebhook, localcp.EnrolledWebhook)
+	}
+	role := find(t, objs, "ClusterRole /fencekeeper-protected-kind-deployments.apps")
+	if l := role["metadata"].(map[string]any)["labels"].(map[string]any); l["fencekeeper.dev/aggregate-to-manager"] != "true" {
+		t.Errorf("per-kind role labels %v lack the aggregation label", l)
+	}
+	rule := role["rules"].([]any)[0].(map[string]any)
+	if toStrings(rule["resources"])[0] != "deployments" || strings.Join(toStrings(rule["verbs"]), ",") != "get,list,watch" {
+		t.Errorf("per-kind reader rule %v, want get, list, watch on apps/deployments", rule)
+	}
+	if _, c := managerSpec(t, objs); !strings.Contains(fmt.Sprint(c["args"]), "--protected-kinds=deployments.apps/v1") {
+		t.Errorf("manager args %v lack --protected-kinds=deployments.apps/v1", c["args"])
+	}
+	if _, err := tryRenderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].resource=deployments"); err == nil || !strings.Contains(err.Error(), "version and resource") {
+		t.Errorf("a protected kind without a version rendered (err %v); want a refusal", err)
+	}
+}
 
-	t.Run("replicas, resources, priority class, PDB and spread toggles", func(t *testing.T) {
-		objs := parse(t, renderChart(t, root, "replicas=3", "resources.limits.memory=2Gi", "priorityClassName=system-cluster-critical",
-			"topologySpread.enabled=false", "podDisruptionBudget.minAvailable=2"))
-		pod, c := managerSpec(t, objs)
-		d := find(t, objs, "Deployment fencekeeper-system/fencekeeper-controller-manager")
-		if r := d["spec"].(map[string]any)["replicas"]; r != float64(3) {
-			t.Errorf("replicas %v, want 3", r)
-		}
-		if m := c["resources"].(map[string]any)["limits"].(map[string]any)["memory"]; m != "2Gi" {
-			t.Errorf("memory limit %v, want 2Gi", m)
-		}
-		if _, ok := c["resources"].(map[string]any)["limits"].(map[string]any)["cpu"]; ok {
-			t.Errorf("the chart sets a CPU limit")
-		}
-		if pod["priorityClassName"] != "system-cluster-critical" {
-			t.Errorf("priorityClassName %v", pod["priorityClassName"])
-		}
-		if _, ok := pod["topologySpreadConstraints"]; ok {
-			t.Errorf("topologySpread.enabled=false still spreads")
-		}
-		if _, ok := pod["affinity"]; ok {
-			t.Errorf("topologySpread.enabled=false still sets anti-affinity")
-		}
-		pdb := find(t, objs, "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager")
-		if pdb["spec"].(map[string]any)["minAvailable"] != float64(2) {
-			t.Errorf("PDB %v, want minAvailable 2", pdb["spec"])
-		}
-		if has(parse(t, renderChart(t, root, "podDisruptionBudget.enabled=false")), "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager") {
-			t.Errorf("podDisruptionBudget.enabled=false still renders the PDB")
-		}
-	})
+// chartReplicasAndScheduling: replicas, resources, priority class, PDB and
+// spread toggles reach the Deployment and the PDB.
+func chartReplicasAndScheduling(t *testing.T, root string) {
+	objs := parse(t, renderChart(t, root, "replicas=3", "resources.limits.memory=2Gi", "priorityClassName=system-cluster-critical",
+		"topologySpread.enabled=false", "podDisruptionBudget.minAvailable=2"))
+	pod, c := managerSpec(t, objs)
+	d := find(t, objs, "Deployment fencekeeper-system/fencekeeper-controller-manager")
+	if r := d["spec"].(map[string]any)["replicas"]; r != float64(3) {
+		t.Errorf("replicas %v, want 3", r)
+	}
+	if m := c["resources"].(map[string]any)["limits"].(map[string]any)["memory"]; m != "2Gi" {
+		t.Errorf("memory limit %v, want 2Gi", m)
+	}
+	if _, ok := c["resources"].(map[string]any)["limits"].(map[string]any)["cpu"]; ok {
+		t.Errorf("the chart sets a CPU limit")
+	}
+	if pod["priorityClassName"] != "system-cluster-critical" {
+		t.Errorf("priorityClassName %v", pod["priorityClassName"])
+	}
+	if _, ok := pod["topologySpreadConstraints"]; ok {
+		t.Errorf("topologySpread.enabled=false still spreads")
+	}
+	if _, ok := pod["affinity"]; ok {
+		t.Errorf("topologySpread.enabled=false still sets anti-affinity")
+	}
+	pdb := find(t, objs, "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager")
+	if pdb["spec"].(map[string]any)["minAvailable"] != float64(2) {
+		t.Errorf("PDB %v, want minAvailable 2", pdb["spec"])
+	}
+	if has(parse(t, renderChart(t, root, "podDisruptionBudget.enabled=false")), "PodDisruptionBudget fencekeeper-system/fencekeeper-controller-manager") {
+		t.Errorf("podDisruptionBudget.enabled=false still renders the PDB")
+	}
+}
 
-	t.Run("monitoring objects and NetworkPolicy are off by default and on by value", func(t *testing.T) {
-		defaults := parse(t, renderChart(t, root))
-		on := parse(t, renderChart(t, root, "serviceMonitor.enabled=true", "networkPolicy.enabled=true",
-			"prometheusRule.enabled=true", "grafanaDashboard.enabled=true",
-			"serviceMonitor.prometheusServiceAccount.name=prometheus", "serviceMonitor.prometheusServiceAccount.namespace=monitoring"))
-		for _, k := range []string{"ServiceMonitor fencekeeper-system/fencekeeper-metrics",
-			"NetworkPolicy fencekeeper-system/fencekeeper-controller-manager", "PrometheusRule fencekeeper-system/fencekeeper",
-			"ConfigMap fencekeeper-system/fencekeeper-grafana-dashboard", "ClusterRoleBinding /fencekeeper-metrics-reader"} {
-			if has(defaults, k) {
-				t.Errorf("default values render %s", k)
-			}
-			if !has(on, k) {
-				t.Errorf("enabled values do not render %s", k)
-			}
+// chartOptionalObjects: monitoring objects and the NetworkPolicy are off by
+// default and on by value; the metrics Service is always there.
+func chartOptionalObjects(t *testing.T, root string) {
+	defaults := parse(t, renderChart(t, root))
+	on := parse(t, renderChart(t, root, "serviceMonitor.enabled=true", "networkPolicy.enabled=true",
+		"prometheusRule.enabled=true", "grafanaDashboard.enabled=true",
+		"serviceMonitor.prometheusServiceAccount.name=prometheus", "serviceMonitor.prometheusServiceAccount.namespace=monitoring"))
+	for _, k := range []string{"ServiceMonitor fencekeeper-system/fencekeeper-metrics",
+		"NetworkPolicy fencekeeper-system/fencekeeper-controller-manager", "PrometheusRule fencekeeper-system/fencekeeper",
+		"ConfigMap fencekeeper-system/fencekeeper-grafana-dashboard", "ClusterRoleBinding /fencekeeper-metrics-reader"} {
+		if has(defaults, k) {
+			t.Errorf("default values render %s", k)
 		}
-		// The metrics Service is part of every install (config/default has it too).
-		for _, k := range []string{"Service fencekeeper-system/fencekeeper-metrics", "ClusterRole /fencekeeper-metrics-reader"} {
-			if !has(defaults, k) {
-				t.Errorf("default values do not render %s", k)
-			}
+		if !has(on, k) {
+			t.Errorf("enabled values do not render %s", k)
 		}
-		sm := find(t, on, "ServiceMonitor fencekeeper-system/fencekeeper-metrics")
-		ep := sm["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
-		if ep["scheme"] != "https" || ep["bearerTokenFile"] == nil {
-			t.Errorf("ServiceMonitor endpoint %v: want scheme https and a bearer token", ep)
+	}
+	// The metrics Service is part of every install (config/default has it too).
+	for _, k := range []string{"Service fencekeeper-system/fencekeeper-metrics", "ClusterRole /fencekeeper-metrics-reader"} {
+		if !has(defaults, k) {
+			t.Errorf("default values do not render %s", k)
 		}
-	})
+	}
+	sm := find(t, on, "ServiceMonitor fencekeeper-system/fencekeeper-metrics")
+	ep := sm["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
+	if ep["scheme"] != "https" || ep["bearerTokenFile"] == nil {
+		t.Errorf("ServiceMonitor endpoint %v: want scheme https and a bearer token", ep)
+	}
 }
 
 func toStrings(v any) []string {

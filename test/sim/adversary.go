@@ -98,79 +98,77 @@ func held(k *worker) bool {
 	return k.lock != nil && k.lock.held && k.lock.state == lockclient.StateHeld && !k.lock.releasing
 }
 
+// apply injects fault f, or arms it on a worker to fire at the worker's
+// next chance; it reports whether it could.
 func (a *adversary) apply(f Fault) bool {
-	switch f {
-	case FaultOwnerPause:
-		if a.w.rng.IntN(3) != 0 {
-			return a.arm(held, func(k *worker) *bool { return &k.armed.pauseBeforeWrite })
-		}
+	// An owner pause freezes a worker now one time in three, else between
+	// its guard and its write.
+	if f == FaultOwnerPause && a.w.rng.IntN(3) == 0 {
 		return a.pauseOwner()
-	case FaultLostRenewalResponse:
-		return a.arm(held, func(k *worker) *bool { return &k.armed.lostRenewal })
-	case FaultLostAcquireResponse:
-		return a.arm(func(k *worker) bool { return k.jobsLeft > 1 || (k.jobsLeft == 1 && k.lock == nil) }, func(k *worker) *bool { return &k.armed.lostAcquire })
-	case FaultReleaseReacquire:
-		return a.arm(held, func(k *worker) *bool { return &k.armed.reacquire })
-	case FaultOutOfOrderSegment:
-		return a.arm(held, func(k *worker) *bool { return &k.armed.skipSegment })
-	case FaultLostWriteAck:
-		return a.arm(held, func(k *worker) *bool { return &k.armed.lostWriteAck })
-	case FaultDelayedMessage:
-		return a.arm(held, func(k *worker) *bool { return &k.armed.delayWrite })
-	case FaultDuplicateSegment:
-		return a.duplicate()
-	case FaultReplayOldEnvelope:
-		return a.replayOld()
-	case FaultDifferentPayload:
-		return a.differentPayload()
-	case FaultRestoreSnapshot:
-		return a.restoreBackup()
-	case FaultForgedGrant:
-		return a.forged()
-	case FaultOversizedToken:
-		return a.oversized()
-	case FaultTamperedGrant:
-		return a.tampered()
-	case FaultCrossResource:
-		return a.crossResource()
-	case FaultRevokedEpoch:
-		return a.revokeEpoch()
-	case FaultStolenGrant:
-		return a.stolen()
-	case FaultPayloadMismatch:
-		return a.payloadMismatch()
-	case FaultUnfencedWrite:
-		return a.unfenced()
-	case FaultIssuerFailover:
-		return a.failover()
-	case FaultPolicyChange:
-		return a.policyChange()
-	case FaultReceiptLog:
-		return a.receiptLog()
-	case FaultStrangerCreate:
-		return a.onAbsent(a.strangerCreate)
-	case FaultPlantedCreate:
-		return a.onAbsent(a.plantedCreate)
-	case FaultProtectionRemoved:
-		return a.protectionRemoved()
-	case FaultUndeclaredDelete:
-		return a.undeclaredDelete()
-	case FaultDeclaredDelete:
-		return a.arm(func(k *worker) bool { return held(k) && k.segments >= 2 }, func(k *worker) *bool { return &k.armed.declareDelete })
-	case FaultNamespaceTeardown:
-		return a.impersonatedTeardown()
-	case FaultIndexLag, FaultPlantedOwnForgery:
-		return false // only as the entry is created: see startIndexLag
-	case FaultIssuerCacheLag:
-		return a.issuerCacheLag()
-	case FaultSharedIdentity:
-		return a.sharedIdentity()
-	case FaultMirrorLost:
-		n := 1 + a.w.rng.IntN(3)
-		a.w.reg.mirrorLost += n
-		return a.injected(FaultMirrorLost, "the issuer's next %d decision(s) commit, and their LockGrant writes are lost", n)
+	}
+	if ar, ok := armers[f]; ok {
+		return a.arm(ar.ok, ar.flag)
+	}
+	if inject, ok := injectors[f]; ok {
+		return inject(a)
 	}
 	return false
+}
+
+// armer arms a one-shot fault on a worker: which workers can take it, and
+// its flag among the worker's armed faults.
+type armer struct {
+	ok   func(*worker) bool
+	flag func(*worker) *bool
+}
+
+// armers arm the faults a worker commits itself once armed.
+var armers = map[Fault]armer{
+	FaultOwnerPause:          {held, func(k *worker) *bool { return &k.armed.pauseBeforeWrite }},
+	FaultLostRenewalResponse: {held, func(k *worker) *bool { return &k.armed.lostRenewal }},
+	FaultLostAcquireResponse: {func(k *worker) bool { return k.jobsLeft > 1 || (k.jobsLeft == 1 && k.lock == nil) }, func(k *worker) *bool { return &k.armed.lostAcquire }},
+	FaultReleaseReacquire:    {held, func(k *worker) *bool { return &k.armed.reacquire }},
+	FaultOutOfOrderSegment:   {held, func(k *worker) *bool { return &k.armed.skipSegment }},
+	FaultLostWriteAck:        {held, func(k *worker) *bool { return &k.armed.lostWriteAck }},
+	FaultDelayedMessage:      {held, func(k *worker) *bool { return &k.armed.delayWrite }},
+	FaultDeclaredDelete:      {func(k *worker) bool { return held(k) && k.segments >= 2 }, func(k *worker) *bool { return &k.armed.declareDelete }},
+}
+
+// injectors inject the faults the adversary commits itself. FaultIndexLag
+// and FaultPlantedOwnForgery have none: they happen only as the entry is
+// created (see startIndexLag).
+var injectors = map[Fault]func(*adversary) bool{
+	FaultDuplicateSegment:  (*adversary).duplicate,
+	FaultReplayOldEnvelope: (*adversary).replayOld,
+	FaultDifferentPayload:  (*adversary).differentPayload,
+	FaultRestoreSnapshot:   (*adversary).restoreBackup,
+	FaultForgedGrant:       (*adversary).forged,
+	FaultOversizedToken:    (*adversary).oversized,
+	FaultTamperedGrant:     (*adversary).tampered,
+	FaultCrossResource:     (*adversary).crossResource,
+	FaultRevokedEpoch:      (*adversary).revokeEpoch,
+	FaultStolenGrant:       (*adversary).stolen,
+	FaultPayloadMismatch:   (*adversary).payloadMismatch,
+	FaultUnfencedWrite:     (*adversary).unfenced,
+	FaultIssuerFailover:    (*adversary).failover,
+	FaultPolicyChange:      (*adversary).policyChange,
+	FaultReceiptLog:        (*adversary).receiptLog,
+	FaultStrangerCreate:    func(a *adversary) bool { return a.onAbsent(a.strangerCreate) },
+	FaultPlantedCreate:     func(a *adversary) bool { return a.onAbsent(a.plantedCreate) },
+	FaultProtectionRemoved: (*adversary).protectionRemoved,
+	FaultUndeclaredDelete:  (*adversary).undeclaredDelete,
+	FaultNamespaceTeardown: (*adversary).impersonatedTeardown,
+	FaultIssuerCacheLag:    (*adversary).issuerCacheLag,
+	FaultSharedIdentity:    (*adversary).sharedIdentity,
+	FaultMirrorLost:        (*adversary).mirrorLost,
+}
+
+// mirrorLost has the issuer's next one to three decisions commit while
+// their LockGrant writes are lost.
+func (a *adversary) mirrorLost() bool {
+	n := 1 + a.w.rng.IntN(3)
+	a.w.reg.mirrorLost += n
+	return a.injected(FaultMirrorLost, "the issuer's next %d decision(s) commit, and their LockGrant writes are lost", n)
 }
 
 // arm sets a one-shot fault on a random worker matching ok; it is counted

@@ -311,18 +311,7 @@ func (o *oracle) judgeCommitted(req *request, old, obj map[string]any, verdict f
 	}
 	what := o.w.describeWrite(obj) + " by " + req.user
 	if verdict == verdictNotProtected && a.knownLimit {
-		// docs/security.md, "Known limits": the index does not know the
-		// entry yet and no grant was used at the object; its state counts
-		// for nothing (the planted-state rules below watch that).
-		res.KnownLimitWrites++
-		o.w.tracef("oracle: %s landed in the documented index-lag window (no grant used at the target yet)", what)
-		if e != nil && class != authForged && class != authCrossResource && class != authMalformed {
-			// "untrusted unless it is a real, bound grant of this entry":
-			// a genuine envelope is this entry's history, receipts and all.
-			o.recordAccepted(e)
-			o.trustedLog = nil
-			_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
-		}
+		o.judgeKnownLimitWrite(what, obj, e, class)
 		return
 	}
 	res.Mutations++
@@ -335,23 +324,62 @@ func (o *oracle) judgeCommitted(req *request, old, obj map[string]any, verdict f
 		o.violation(vUncheckedMutation, "%s was written with verdict %q", what, verdict)
 	}
 	if class != authOK {
-		switch class {
-		case authForged, authCrossResource, authMalformed:
-			o.violation(vForgedAccepted, "%s accepted: %s", what, authNames[class])
-		case authWrongPod:
-			o.violation(vWrongPod, "%s from %s accepted: %s", what, grant.DescribePod(req.pod), authNames[class])
-		default:
-			o.violation(vOtherAuthAccepted, "%s accepted: %s", what, authNames[class])
-		}
-		if o.w.fenceOf(old) != o.w.fenceOf(obj) {
-			o.violation(vAuthChangedHighest, "%s moved the object's fence from %d to %d", what, o.w.fenceOf(old), o.w.fenceOf(obj))
-		}
-		o.recordAccepted(e)
+		o.judgeUnauthenticated(what, req, old, obj, e, class)
 		return
 	}
 
-	// An authenticated write: the grant must be the registry's current one
-	// when the acceptance point decided it.
+	o.judgeCurrentGrant(what, e, a)
+	o.judgeFenceOrder(what, req, old, e)
+	switch o.receiptLogExtended(old, obj, e) {
+	case logInherited:
+		o.violation(vPlantedInherited, "%s accepted: its receipt log extends receipts that were planted, not accepted", what)
+	case logWrong:
+		o.violation(vReceiptLog, "%s accepted: its receipt log is not the stored log plus this segment", what)
+	}
+	o.recordAccepted(e)
+	o.deletedMemoryLost = false
+	o.trustedLog = nil
+	_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
+	res.Commits++
+}
+
+// judgeKnownLimitWrite counts a write that landed in docs/security.md's
+// "Known limits" window: the index does not know the entry yet and no grant
+// was used at the object; its state counts for nothing (the planted-state
+// rules watch that).
+func (o *oracle) judgeKnownLimitWrite(what string, obj map[string]any, e *oracleEnvelope, class authClass) {
+	o.w.res.KnownLimitWrites++
+	o.w.tracef("oracle: %s landed in the documented index-lag window (no grant used at the target yet)", what)
+	if e != nil && class != authForged && class != authCrossResource && class != authMalformed {
+		// "untrusted unless it is a real, bound grant of this entry":
+		// a genuine envelope is this entry's history, receipts and all.
+		o.recordAccepted(e)
+		o.trustedLog = nil
+		_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
+	}
+}
+
+// judgeUnauthenticated judges a write accepted although its envelope failed
+// authentication (class): a violation of its own kind, and another if it
+// moved the object's fence.
+func (o *oracle) judgeUnauthenticated(what string, req *request, old, obj map[string]any, e *oracleEnvelope, class authClass) {
+	switch class {
+	case authForged, authCrossResource, authMalformed:
+		o.violation(vForgedAccepted, "%s accepted: %s", what, authNames[class])
+	case authWrongPod:
+		o.violation(vWrongPod, "%s from %s accepted: %s", what, grant.DescribePod(req.pod), authNames[class])
+	default:
+		o.violation(vOtherAuthAccepted, "%s accepted: %s", what, authNames[class])
+	}
+	if o.w.fenceOf(old) != o.w.fenceOf(obj) {
+		o.violation(vAuthChangedHighest, "%s moved the object's fence from %d to %d", what, o.w.fenceOf(old), o.w.fenceOf(obj))
+	}
+	o.recordAccepted(e)
+}
+
+// judgeCurrentGrant judges an authenticated write: the grant must be the
+// registry's current one when the acceptance point decided it.
+func (o *oracle) judgeCurrentGrant(what string, e *oracleEnvelope, a acceptance) {
 	now, h := a.now, a.holder
 	switch {
 	case !now.Before(o.deadlines[e.digest]):
@@ -362,15 +390,19 @@ func (o *oracle) judgeCommitted(req *request, old, obj map[string]any, verdict f
 	case e.grant.PolicyGeneration != a.generation:
 		o.violation(vStaleWrite, "%s accepted with policy generation %d; the FencedResource is at %d", what, e.grant.PolicyGeneration, a.generation)
 	}
-	// The fence rules, against what the object accepted before.
+}
+
+// judgeFenceOrder judges an authenticated write's fence and segment against
+// what the object accepted before.
+func (o *oracle) judgeFenceOrder(what string, req *request, old map[string]any, e *oracleEnvelope) {
 	f, seg := e.grant.FenceToken, e.Segment
 	switch {
 	case o.deletedMemoryLost && old == nil:
 		// Re-created after a registry restore took back the deletion record
 		// (and maybe newer fences): the segments, even the fence, start over
 		// from what the restored registry holds (staleness and authentication
-		// against it are still judged above).
-		res.DeletedMemoryLostWrites++
+		// against it are still judged, before this).
+		o.w.res.DeletedMemoryLostWrites++
 		o.w.hist.decidedAfterLostDelete(req.historyOp)
 		for k, v := range o.written {
 			o.lostWritten[k] = v
@@ -389,17 +421,6 @@ func (o *oracle) judgeCommitted(req *request, old, obj map[string]any, verdict f
 	case f > o.lastFence && seg != 1:
 		o.violation(vSkippedSegment, "%s accepted as the first segment of fence %d", what, f)
 	}
-	switch o.receiptLogExtended(old, obj, e) {
-	case logInherited:
-		o.violation(vPlantedInherited, "%s accepted: its receipt log extends receipts that were planted, not accepted", what)
-	case logWrong:
-		o.violation(vReceiptLog, "%s accepted: its receipt log is not the stored log plus this segment", what)
-	}
-	o.recordAccepted(e)
-	o.deletedMemoryLost = false
-	o.trustedLog = nil
-	_ = json.Unmarshal([]byte(annotations(obj)[fence.AnnotationReceipts]), &o.trustedLog)
-	res.Commits++
 }
 
 // knownLimit: the write falls in docs/security.md's documented window — the

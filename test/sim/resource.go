@@ -107,27 +107,30 @@ func (s *resource) serve(req *request) *reply {
 	rp := &reply{req: req}
 	switch req.kind {
 	case reqGetObject:
-		if s.stored != nil {
-			rp.object = runtime.DeepCopyJSON(s.stored)
-		} else if dt := s.w.reg.fr.Status.DeletedTarget; dt != nil {
-			rp.deleted = dt.DeepCopy()
-		}
+		s.serveGet(rp)
 		return rp
 	case reqDeleteObject:
 		return s.serveDelete(req, rp)
 	}
-	old := s.stored
-	switch {
-	case req.create && old != nil:
-		rp.status = replyAlreadyExists
-	case !req.create && old == nil:
-		rp.status = replyNotFound
-	case !req.create && req.rv != "" && req.rv != strconv.FormatInt(s.rv, 10):
-		rp.status = replyConflict
-	case !req.create && uidOf(req.object) != "" && uidOf(req.object) != uidOf(old):
-		rp.status = replyConflict // the body names another incarnation of the object
+	return s.serveWrite(req, rp)
+}
+
+// serveGet answers a read: the stored object, or else the registry's record
+// of its deletion.
+func (s *resource) serveGet(rp *reply) {
+	if s.stored != nil {
+		rp.object = runtime.DeepCopyJSON(s.stored)
+	} else if dt := s.w.reg.fr.Status.DeletedTarget; dt != nil {
+		rp.deleted = dt.DeepCopy()
 	}
-	if rp.status != replyOK { // refused before admission
+}
+
+// serveWrite answers a create or an update: refused before admission, or
+// admitted or denied by the webhook, then stored now or, admitted with
+// commitAfter, by etcd later.
+func (s *resource) serveWrite(req *request, rp *reply) *reply {
+	old := s.stored
+	if rp.status = s.writePrecondition(req, old); rp.status != replyOK { // refused before admission
 		s.w.res.countRefusal(rp.status, req.fault)
 		return rp
 	}
@@ -138,25 +141,10 @@ func (s *resource) serve(req *request) *reply {
 	} else {
 		metadata(obj)["uid"] = uidOf(old)
 	}
-	allowed := true
-	op := admissionv1.Update
-	if old == nil {
-		op = admissionv1.Create
-	}
-	if s.routed(op, old, obj) {
-		resp := s.admit(op, req.user, req.pod, obj)
-		rp.verdict, rp.message = verdictOf(resp)
-		allowed = resp.Allowed
-		s.w.res.countVerdict(rp.verdict, req.fault)
-	}
+	allowed := s.admitWrite(req, rp, old, obj)
 	mutation := old == nil || !sameObject(old, obj)
 	if allowed && mutation && req.commitAfter > 0 && (req.create || req.rv != "") {
-		// Admitted; etcd applies it later (its answer is lost: dropReply).
-		env, class, _ := s.w.oracle.judgeAttempt(req, old, obj)
-		s.late = append(s.late, &lateCommit{req: req, obj: obj, verdict: rp.verdict, at: s.w.now.Add(req.commitAfter), rv: s.rv, created: s.created,
-			env: env, class: class, admitted: s.w.oracle.acceptanceNow()})
-		s.w.tracef("object: %s by %s admitted (%s); etcd applies it at +%s", s.w.describeWrite(req.object), req.user, rp.verdict,
-			s.w.now.Add(req.commitAfter).Sub(simStart).Truncate(time.Millisecond))
+		s.commitLater(req, rp, old, obj)
 		return rp
 	}
 	s.w.oracle.judgeWrite(req, old, obj, allowed && mutation, rp.verdict)
@@ -168,18 +156,67 @@ func (s *resource) serve(req *request) *reply {
 		return rp
 	}
 	if mutation {
-		if old == nil {
-			s.created++
-		}
-		s.rv++
-		setRV(obj, strconv.FormatInt(s.rv, 10))
-		s.stored, s.storedJSON = obj, mustJSON(obj)
-		if s.w.cfg.Trace {
-			s.w.tracef("object: %s by %s %s", s.w.describeWrite(req.object), req.user, rp.verdict)
-		}
+		s.store(req, rp, old, obj)
 	}
 	rp.rv = strconv.FormatInt(s.rv, 10)
 	return rp
+}
+
+// writePrecondition is the API server's answer to a write before admission:
+// replyOK, or why it refuses the write against the stored object old.
+func (s *resource) writePrecondition(req *request, old map[string]any) replyStatus {
+	switch {
+	case req.create && old != nil:
+		return replyAlreadyExists
+	case !req.create && old == nil:
+		return replyNotFound
+	case !req.create && req.rv != "" && req.rv != strconv.FormatInt(s.rv, 10):
+		return replyConflict
+	case !req.create && uidOf(req.object) != "" && uidOf(req.object) != uidOf(old):
+		return replyConflict // the body names another incarnation of the object
+	}
+	return replyOK
+}
+
+// admitWrite has the webhook decide the write of obj over old, when the
+// webhook configuration routes it there, and records its verdict in rp; it
+// returns whether the write is allowed.
+func (s *resource) admitWrite(req *request, rp *reply, old, obj map[string]any) bool {
+	op := admissionv1.Update
+	if old == nil {
+		op = admissionv1.Create
+	}
+	if !s.routed(op, old, obj) {
+		return true
+	}
+	resp := s.admit(op, req.user, req.pod, obj)
+	rp.verdict, rp.message = verdictOf(resp)
+	s.w.res.countVerdict(rp.verdict, req.fault)
+	return resp.Allowed
+}
+
+// commitLater queues an admitted write that etcd applies later (its answer
+// is lost: dropReply).
+func (s *resource) commitLater(req *request, rp *reply, old, obj map[string]any) {
+	env, class, _ := s.w.oracle.judgeAttempt(req, old, obj)
+	s.late = append(s.late, &lateCommit{req: req, obj: obj, verdict: rp.verdict, at: s.w.now.Add(req.commitAfter), rv: s.rv, created: s.created,
+		env: env, class: class, admitted: s.w.oracle.acceptanceNow()})
+	s.w.tracef("object: %s by %s admitted (%s); etcd applies it at +%s", s.w.describeWrite(req.object), req.user, rp.verdict,
+		s.w.now.Add(req.commitAfter).Sub(simStart).Truncate(time.Millisecond))
+}
+
+// store stores obj, the allowed write's new object over old, at the next
+// resource version.
+func (s *resource) store(req *request, rp *reply, old, obj map[string]any) {
+	if old == nil {
+		s.created++
+	}
+	s.rv++
+	setRV(obj, strconv.FormatInt(s.rv, 10))
+	s.stored, s.storedJSON = obj, mustJSON(obj)
+	if s.w.cfg.Trace {
+		s.w.tracef("object: %s by %s %s", s.w.describeWrite(req.object), req.user, rp.verdict)
+	}
 }
 
 // applyLate applies late commit i, or fails it (nobody hears of either)
