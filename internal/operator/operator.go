@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
-	issuer, err := controllers.Setup(ctx, mgr, controllers.Options{
+	identity, err := controllers.Setup(ctx, mgr, controllers.Options{
 		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
 	})
 	if err != nil {
@@ -153,7 +153,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err := addProbes(mgr); err != nil {
 		return err
 	}
-	if err := addOnIssuing(mgr, issuer, o.OnIssuing); err != nil {
+	if err := addOnIssuing(mgr, identity, o.OnIssuing); err != nil {
 		return err
 	}
 	mgr.GetLogger().Info("starting operator", "namespace", o.Namespace, "leaderElect", o.LeaderElect)
@@ -233,13 +233,13 @@ func addProbes(mgr manager.Manager) error {
 
 // addOnIssuing, if onIssuing is set, calls it once this replica issues
 // grants (it leads) and its webhook server is serving.
-func addOnIssuing(mgr manager.Manager, issuer *controllers.Issuer, onIssuing func()) error {
+func addOnIssuing(mgr manager.Manager, identity *controllers.IssuerIdentity, onIssuing func()) error {
 	if onIssuing == nil {
 		return nil
 	}
 	started := mgr.GetWebhookServer().StartedChecker()
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		if err := issuer.Wait(ctx); err != nil {
+		if err := identity.Wait(ctx); err != nil {
 			return nil // stopped before leading
 		}
 		for started(nil) != nil {
