@@ -21,6 +21,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 const soakPhase = "soak"
@@ -113,22 +115,11 @@ type gate struct{ open atomic.Bool }
 // wait returns once the gate is open, or ctx's error.
 func (g *gate) wait(ctx context.Context) error {
 	for !g.open.Load() {
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+		if err := ctxtime.Sleep(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // paced runs f every interval while g is open, until ctx ends.
@@ -136,7 +127,7 @@ func paced(ctx context.Context, g *gate, interval time.Duration, f func(ctx cont
 	for g.wait(ctx) == nil {
 		next := time.Now().Add(interval)
 		f(ctx)
-		if sleepCtx(ctx, time.Until(next)) != nil {
+		if ctxtime.Sleep(ctx, time.Until(next)) != nil {
 			return
 		}
 	}
@@ -229,7 +220,7 @@ func (s *soakRun) window(ctx context.Context, kind string, d time.Duration) erro
 	w := soakWindow{Kind: kind, Start: time.Now()}
 	cpu := sampleCPU()
 	fmt.Fprintf(s.log, "   %s window (%s)\n", kind, d)
-	err := sleepCtx(ctx, d)
+	err := ctxtime.Sleep(ctx, d)
 	s.endWindow(w, cpu)
 	return err
 }

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -143,7 +144,7 @@ func (h *honestSide) work(ctx context.Context, i int, c *lockclient.Client, rec 
 		if err != nil {
 			if ctx.Err() == nil {
 				rec.refused(start, refusalReason(err))
-				_ = sleepCtx(ctx, 20*time.Millisecond)
+				_ = ctxtime.Sleep(ctx, 20*time.Millisecond)
 			}
 			continue
 		}
@@ -219,7 +220,7 @@ func (e *env) observeEntries(ctx context.Context, ns string, f func(*locksv1.Fen
 			w, err := e.admin.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(ns),
 				&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
 			if err != nil {
-				_ = sleepCtx(ctx, 100*time.Millisecond)
+				_ = ctxtime.Sleep(ctx, 100*time.Millisecond)
 				continue
 			}
 			for ev := range w.ResultChan() {

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
@@ -32,7 +33,7 @@ func (s *soakRun) sampleClaims(ctx context.Context) {
 			client.MatchingLabels{locksv1.LabelComponent: locksv1.ComponentTargetClaim}); err == nil {
 			s.rec.claims(time.Now(), len(list.Items))
 		}
-		if sleepCtx(ctx, 2*time.Second) != nil {
+		if ctxtime.Sleep(ctx, 2*time.Second) != nil {
 			return
 		}
 	}
@@ -104,7 +105,7 @@ func (s *soakRun) checkLeases(ctx context.Context) {
 		if err == nil && len(claims)+len(others) == 0 || !time.Now().Before(deadline) || ctx.Err() != nil {
 			break
 		}
-		_ = sleepCtx(ctx, 5*time.Second)
+		_ = ctxtime.Sleep(ctx, 5*time.Second)
 	}
 	L.Waited = time.Since(start).Round(time.Second).String()
 	L.WaitedPastDue = time.Now().After(due.Add(30 * time.Second))

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -240,7 +241,7 @@ func (t *tenantSide) odd(ctx context.Context, g *gate) {
 	for n := 1; g.wait(ctx) == nil; n++ {
 		c := oddCases[(n-1)%len(oddCases)]
 		t.oddOnce(ctx, c, n)
-		if sleepCtx(ctx, 50*time.Millisecond) != nil {
+		if ctxtime.Sleep(ctx, 50*time.Millisecond) != nil {
 			return
 		}
 	}
@@ -321,7 +322,7 @@ func (t *tenantSide) settle(ctx context.Context, res *oddCaseResult, name string
 			outcome = &res.Denied
 			break
 		}
-		if sleepCtx(ctx, 200*time.Millisecond) != nil {
+		if ctxtime.Sleep(ctx, 200*time.Millisecond) != nil {
 			return
 		}
 	}

@@ -21,6 +21,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -205,7 +206,7 @@ func retryForbidden(ctx context.Context, f func() error) error {
 		if err == nil || !apierrors.IsForbidden(err) || time.Now().After(deadline) {
 			return err
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		if err := ctxtime.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -540,7 +541,7 @@ func (t *tenantSide) deleteAll(ctx context.Context, e *env, keys []types.Namespa
 		if len(keys) == 0 || time.Now().After(deadline) {
 			break
 		}
-		_ = sleepCtx(ctx, 500*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 500*time.Millisecond)
 	}
 	t.mu.Lock()
 	t.res.LeftAfterCleanup += len(keys)

@@ -18,6 +18,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -82,7 +83,7 @@ func (tr *traffic) iteration(ctx context.Context, c *lockclient.Client, kube cli
 	defer cancel()
 	lock, err := c.Acquire(ictx, res, lockclient.AcquireOptions{RequestID: fmt.Sprintf("%s-%d-%d", res, iter, time.Now().UnixNano())})
 	if err != nil {
-		sleepCtx(ctx, 200*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 		return ""
 	}
 	defer lock.Orphan()
@@ -137,7 +138,7 @@ func (tr *traffic) commit(ctx context.Context, op *lockclient.Operation, res, ke
 		if _, denied := lockclient.AsDenial(err); denied || errors.Is(err, lockclient.ErrMutationUnknown) {
 			return false
 		}
-		sleepCtx(ctx, 50*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 50*time.Millisecond)
 	}
 	return false
 }
@@ -238,11 +239,4 @@ func (tr *traffic) allGrantedAfter(t time.Time, workers int) bool {
 		}
 	}
 	return n == workers
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
