@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 // The name is the one config/default gives the configuration (namePrefix fencekeeper-).
@@ -36,10 +38,8 @@ func (p *CABundlePatcher) Start(ctx context.Context) error {
 			return nil
 		}
 		log.V(1).Info("webhook configuration not patched yet", "configuration", p.Name, "error", err.Error())
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, time.Second) != nil {
 			return nil
-		case <-time.After(time.Second):
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 // DefaultSecretName is the Secret the replicas share in the operator namespace.
@@ -77,10 +78,8 @@ func (r *Rotator) Start(ctx context.Context) error {
 			log.Error(err, "webhook certificate sync failed", "secret", r.Name)
 			wait = min(wait, time.Second)
 		}
-		select {
-		case <-ctx.Done():
+		if ctxtime.Sleep(ctx, wait) != nil {
 			return nil
-		case <-time.After(wait):
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -231,10 +232,8 @@ func (o *options) waitRotation(ctx context.Context, opNS, request string, timeou
 			return fmt.Errorf("rotation not complete after %s (%s): at step %s%s; see docs/key-rotation.md, \"When a rotation is stuck\"",
 				limit, flag, r.Step, waitingSuffix(r.WaitingOn))
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
+		if err := ctxtime.Sleep(ctx, 500*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

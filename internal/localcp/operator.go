@@ -14,6 +14,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/operator"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 // Operator is an operator running in this process against the control plane.
@@ -121,10 +122,8 @@ func (cp *ControlPlane) waitCABundle(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return errors.New("the operator did not patch the webhook caBundle within 60s")
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		if err := ctxtime.Sleep(ctx, 50*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/certs"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
@@ -243,10 +244,8 @@ func addOnIssuing(mgr manager.Manager, identity *controllers.IssuerIdentity, onI
 			return nil // stopped before leading
 		}
 		for started(nil) != nil {
-			select {
-			case <-ctx.Done():
+			if ctxtime.Sleep(ctx, 20*time.Millisecond) != nil {
 				return nil
-			case <-time.After(20 * time.Millisecond):
 			}
 		}
 		onIssuing()
