@@ -12,7 +12,7 @@ import (
 )
 
 // BreakGlassVerb is the custom RBAC verb that lets a human override
-// ownership (DESIGN.md "What is protected"). RBAC has no built-in meaning for
+// ownership of a LockGrant (docs/security.md, "Break-glass"). RBAC has no built-in meaning for
 // it: a Role grants it like any verb, and cluster-admin's "*" includes it.
 const BreakGlassVerb = "break-glass"
 

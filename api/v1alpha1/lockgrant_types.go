@@ -52,7 +52,7 @@ const AnnotationUnresolvedMutation = "fencekeeper.dev/unresolved-mutation"
 const MaxLockGrantMetadataBytes = 16 << 10
 
 // UnresolvedMutationDeadline is how long an UNKNOWN outcome may stay
-// unresolved before it needs a human (the source design's release gate).
+// unresolved before it needs a human (docs/contract.md, "Release gates").
 const UnresolvedMutationDeadline = 15 * time.Minute
 
 // UnresolvedMutation is the AnnotationUnresolvedMutation record.

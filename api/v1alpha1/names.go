@@ -20,11 +20,11 @@ const (
 	DefaultNamespace = "fencekeeper-system"
 	// ServiceAccountName is the operator's service account in its namespace.
 	ServiceAccountName = "fencekeeper-controller-manager"
-	// SigningKeySecret holds the issuer's Ed25519 keys (DESIGN.md).
+	// SigningKeySecret holds the issuer's Ed25519 keys (docs/contract.md, "Keys and the trust bundle").
 	SigningKeySecret = "fencekeeper-signing-key"
-	// TrustBundleConfigMap holds the verifiers' public keys and revokedBelowEpoch (DESIGN.md).
+	// TrustBundleConfigMap holds the verifiers' public keys and revokedBelowEpoch (docs/contract.md, "Keys and the trust bundle").
 	TrustBundleConfigMap = "fencekeeper-trust-bundle"
-	// IssuerEpochConfigMap records the issuer epoch (the design leaves its name to us).
+	// IssuerEpochConfigMap records the issuer epoch (a name of the product's own; the contract names none).
 	IssuerEpochConfigMap = "fencekeeper-issuer-epoch"
 	// KeyRotationConfigMap is the signing-key rotation request (written by
 	// kubectl fence keys rotate) and the operator's report of its progress.

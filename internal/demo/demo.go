@@ -1,4 +1,4 @@
-// Package demo plays the stale-owner story of the source design on the
+// Package demo plays the stale-owner story (docs/contract.md) on the
 // embedded control plane, with the real operator, the real webhook and two
 // workers using pkg/lockclient:
 //

@@ -11,7 +11,7 @@ import (
 // Verdict is the outcome of one mutation attempt. Every denial message starts with it.
 type Verdict string
 
-// Verdicts, in the order DESIGN.md evaluates them.
+// Verdicts, in the order the contract evaluates them (docs/contract.md, "Verdicts").
 const (
 	// Accepted: the segment is applied.
 	Accepted Verdict = "ACCEPTED"
@@ -34,7 +34,8 @@ const (
 	AlreadyApplied    Verdict = "ALREADY_APPLIED"
 	Quarantined       Verdict = "QUARANTINED"
 	// ReceiptLogMismatch: the write's receipt log is not the stored log plus
-	// this segment. DESIGN.md requires the check but names no code for it.
+	// this segment (docs/contract.md, "The receipt log"): the product's code for
+	// the receipt-log check.
 	ReceiptLogMismatch Verdict = "RECEIPT_LOG_MISMATCH"
 	// DeleteNotDeclared: a DELETE that the object's last accepted segment did
 	// not declare (intent "delete") under the registry's current grant, or
@@ -170,7 +171,7 @@ type Decision struct {
 	Envelope *Envelope
 }
 
-// Decide applies DESIGN.md's acceptance rules. It never changes st for a
+// Decide applies the contract's acceptance rules (docs/contract.md, "Verdicts"). It never changes st for a
 // rejected attempt: the returned State is st itself unless the verdict is Accepted.
 func Decide(st State, a Attempt, reg Registry, bundle *grant.TrustBundle) Decision {
 	deny := denier(st)

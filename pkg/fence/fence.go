@@ -45,7 +45,7 @@ const MaxReceipts = 32
 const MaxOperationBytes = 253
 
 // IntentDelete is the only valid Envelope.Intent: the segment declares that
-// the holder is about to delete the object (DESIGN.md, "DELETE of a protected object").
+// the holder is about to delete the object (docs/contract.md, "Deleting a protected object").
 const IntentDelete = "delete"
 
 // Envelope is the fencekeeper.dev/fence annotation: a signed grant plus the
@@ -248,7 +248,7 @@ func PayloadDigest(v any) (string, error) {
 	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
-// CanonicalJSON encodes v as DESIGN.md's payload encoding.
+// CanonicalJSON encodes v as the payload encoding (docs/contract.md, "The payload digest").
 func CanonicalJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -259,8 +259,8 @@ func CanonicalJSON(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// ConfigMapPayload is the business content of a ConfigMap as DESIGN.md fixes
-// it: {"binaryData":…,"data":…} with empty members left out.
+// ConfigMapPayload is the business content of a ConfigMap as the contract fixes
+// it (docs/contract.md, "The payload digest"): {"binaryData":…,"data":…} with empty members left out.
 func ConfigMapPayload(data map[string]string, binaryData map[string][]byte) map[string]any {
 	p := map[string]any{}
 	if len(data) > 0 {

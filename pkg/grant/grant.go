@@ -5,7 +5,7 @@
 // admission webhook, the worker client and the simulator all share it, so there
 // is exactly one definition of the canonical encoding, the digest and the proof.
 //
-// Wire format (fixed by DESIGN.md):
+// Wire format (fixed by docs/contract.md, "The signed grant"):
 //
 //	canonical = JSON object, keys in the order of Grant's fields, no insignificant whitespace
 //	digest    = "sha256:" + hex(sha256(canonical))

@@ -12,7 +12,7 @@
 // The examples run against the embedded control plane (internal/localcp) with the
 // operator, so they are tests as well as documentation.
 //
-// The lock's state follows DESIGN.md: REQUESTED → HELD → RENEWING → HELD;
+// The lock's state follows docs/contract.md ("Worker client states"): REQUESTED → HELD → RENEWING → HELD;
 // an uncertain renewal or query result is OWNERSHIP_UNKNOWN (start no new
 // effects, but do not assume issued writes were revoked); EXPIRED only when the
 // issuer confirms it; RELEASED after a confirmed voluntary release.

@@ -16,10 +16,10 @@ import (
 // grant (Acquire, Attach), session.go keeps it (renewals, the LockGrant's
 // watch, the state machine's inputs) and ends it (Release, Orphan).
 
-// State is the worker's view of its lock (DESIGN.md, "Worker client states").
+// State is the worker's view of its lock (docs/contract.md, "Worker client states").
 type State string
 
-// The states of DESIGN.md, "Worker client states".
+// The states of docs/contract.md, "Worker client states".
 const (
 	StateRequested        State = "REQUESTED"
 	StateHeld             State = "HELD"

@@ -6,7 +6,7 @@ import (
 )
 
 // Resolution is what a read says about a write whose outcome is unknown
-// (DESIGN.md, MUTATION_UNKNOWN).
+// (MUTATION_UNKNOWN: docs/contract.md, "Mutation outcomes").
 type Resolution int
 
 const (

@@ -8,7 +8,7 @@ import (
 
 // Event is what a lock learned about its grant; Next turns it into a state.
 // Everything the Lock learns goes through Next, so the state machine of
-// DESIGN.md ("Worker client states") is one pure function: tested without a
+// docs/contract.md ("Worker client states") is one pure function: tested without a
 // server, and driven by the simulator (test/sim) exactly as by the Lock.
 type Event struct {
 	Kind EventKind

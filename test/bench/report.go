@@ -282,7 +282,7 @@ func (w *webhookResult) print(tb *table) {
 	if pl, wt := w.FenceStatePlain, w.FenceStateWeighted; pl.N > 0 {
 		fmt.Fprintf(tb.out, "fence state alone (namespace without FencedResources, no webhook; %d updates each, interleaved at %g/s): plain p50/p99 %s/%s ms, with a protected ConfigMap's fence and receipt annotations (%d bytes, changed each write) %s/%s ms: %s/%s ms\n",
 			pl.N, w.RegistryGetRate, fmtF(pl.P50), fmtF(pl.P99), w.FenceStateBytes, fmtF(wt.P50), fmtF(wt.P99), signed(wt.P50-pl.P50), signed(wt.P99-pl.P99))
-		fmt.Fprintln(tb.out, "  the stored fence state is part of every protected write (DESIGN.md: the change, its fence annotation and receipt log are one write); the overhead rule's allowance, one registry GET, does not include it")
+		fmt.Fprintln(tb.out, "  the stored fence state is part of every protected write (the contract: the change, its fence annotation and receipt log are one write); the overhead rule's allowance, one registry GET, does not include it")
 	}
 }
 

@@ -2,9 +2,9 @@ package main
 
 // The hostile-tenant soak (`make soak`, `go run ./test/bench -only soak`):
 // honest workers hand one lock around and write under it the whole time,
-// while one tenant attacks the operator with every input DESIGN.md says must
-// be refused at admission or served ("Every input is hostile until
-// checked"). Quiet windows (the tenant sends nothing) alternate with hostile
+// while one tenant attacks the operator with every input the contract says
+// must be refused at admission or served (docs/contract.md, "Hostile
+// input"). Quiet windows (the tenant sends nothing) alternate with hostile
 // windows, so the honest figures are judged against a floor measured beside
 // them in the same run. See docs/performance.md, "Hostile-tenant soak".
 

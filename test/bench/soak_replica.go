@@ -24,7 +24,8 @@ import (
 // current holder's grant from the registry (anyone with the requester role
 // may) and uses it: fenced writes, delete intents and deletes of the
 // honest target, and renewals, releases and deletes of the holder's
-// LockGrant. DESIGN.md: every one is WRONG_OWNER.
+// LockGrant. The contract: every one is WRONG_OWNER (docs/contract.md,
+// "Grants are bound to the pod that asked").
 type replica struct {
 	kube     client.Client
 	identity string // the workers' ServiceAccount

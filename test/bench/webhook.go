@@ -55,7 +55,7 @@ type webhookRate struct {
 	Protected   dist    `json:"protected"`
 	Unprotected dist    `json:"unprotected"`
 	// RegistryGet: a client's GET of a FencedResource — the linearizable
-	// read DESIGN.md requires of the webhook on every protected write —
+	// read the contract requires of the webhook on every protected write —
 	// interleaved with the updates, so it meets the same load as the read
 	// inside the webhook does.
 	RegistryGet dist    `json:"registry_get"`
@@ -181,7 +181,7 @@ func interleavedWithRead(ctx context.Context, pairs []*fencedPair, reader client
 
 // fenceStateCost measures what a protected write's stored fence state costs
 // the API server alone, which the overhead rule's allowance (one registry GET)
-// does not include: DESIGN.md puts the change, its fence annotation and the
+// does not include: the contract puts the change, its fence annotation and the
 // receipt log in one write. In a namespace without FencedResources (no
 // webhook sees its writes) it updates, interleaved at rate, plain ConfigMaps
 // like the twins and ConfigMaps that carry the pairs' fence and receipt

@@ -67,7 +67,7 @@ type registerValue struct {
 	Segment int64
 }
 
-// follows is the acceptance rule of a fenced register (DESIGN.md): a higher
+// follows is the acceptance rule of a fenced register (docs/contract.md): a higher
 // fence starting at segment 1, or the same grant's next segment.
 func follows(s, w registerValue) bool {
 	return (w.Fence > s.Fence && w.Segment == 1) || (w.Fence == s.Fence && w.Req == s.Req && w.Segment == s.Segment+1)

@@ -13,7 +13,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
-// A requestID belongs to its owner (DESIGN.md: one LockGrant per resource,
+// A requestID belongs to its owner (docs/contract.md: one LockGrant per resource,
 // owner and requestID). When the LockGrant name left the owner out, a
 // co-tenant who guessed a predictable requestID (nightly-2026-07-19) created
 // its LockGrant first and the owner's create failed AlreadyExists

@@ -19,7 +19,7 @@ import (
 // controller acts as (--use-service-account-credentials, the usual setup).
 const namespaceController = "system:serviceaccount:kube-system:namespace-controller"
 
-// LockGrants belong to their owner (DESIGN.md "What is protected"): every
+// LockGrants belong to their owner (docs/contract.md, "LockGrants belong to their owner"): every
 // spec acts through the real API server as a distinct, RBAC-limited user.
 var _ = Describe("LockGrant tenancy", func() {
 	var (

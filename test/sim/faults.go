@@ -12,8 +12,8 @@ type Fault int
 // faultNone tags requests no fault produced.
 const faultNone = -1
 
-// The failure matrix of the source design, then the faults DESIGN.md's
-// verdict list adds.
+// The failure matrix (docs/gates.md), then the faults the contract's
+// verdict list adds (docs/contract.md, "Verdicts").
 const (
 	FaultOwnerPause Fault = iota
 	FaultLostRenewalResponse

@@ -20,7 +20,7 @@ import (
 )
 
 // The oracle judges every write the acceptance point let through. It is
-// written from DESIGN.md's rules and keeps its own account of the lease (who
+// written from the contract's rules (docs/contract.md) and keeps its own account of the lease (who
 // holds, until when), so a bug in fence.Decide, the webhook or the planner
 // shows up as a disagreement with it. Its only inputs from the system are
 // what a careful observer could see: the documents the issuer handed out,
@@ -96,7 +96,7 @@ type issuedGrant struct {
 }
 
 // oracleRegistry is the oracle's account of the registry's lease, kept by
-// DESIGN.md's rules: a grant holds for ttlSeconds from issue; a renewal that
+// the contract's rules: a grant holds for ttlSeconds from issue; a renewal that
 // reaches the issuer before the lease ends extends it to one lease from then;
 // a new issuer epoch extends the held lease to one lease from the takeover.
 // It is backed up and restored together with the registry's backend.
@@ -441,8 +441,8 @@ func protectionLacking(obj map[string]any) string {
 	return ""
 }
 
-// judgeDelete judges a delete the acceptance point decided (DESIGN.md, the
-// DELETE rule): allowed only for the owner of the registry's current grant
+// judgeDelete judges a delete the acceptance point decided (docs/contract.md,
+// "Deleting a protected object"): allowed only for the owner of the registry's current grant
 // after that grant's segment declaring the delete is the object's last
 // accepted one, or for the namespace controller emptying a terminating
 // namespace.
@@ -523,7 +523,7 @@ func segmentKey(fence, segment int64, operation string) string {
 	return fmt.Sprintf("%d/%d/%s", fence, segment, operation)
 }
 
-// oracleReceipt is one receipt log entry as DESIGN.md defines it.
+// oracleReceipt is one receipt log entry as docs/contract.md defines it.
 type oracleReceipt struct {
 	Fence     int64  `json:"fence"`
 	Segment   int64  `json:"segment"`
@@ -601,7 +601,7 @@ func (o *oracle) unknownResolved(reqID int64, want fence.Receipt, outcome lockcl
 	}
 }
 
-// authenticate applies DESIGN.md's authentication list to a write.
+// authenticate applies the contract's authentication list to a write.
 func (o *oracle) authenticate(user, pod string, old, obj map[string]any) (*oracleEnvelope, authClass) {
 	raw := annotations(obj)[fence.AnnotationFence]
 	if raw == "" || (old != nil && raw == annotations(old)[fence.AnnotationFence]) {
@@ -714,7 +714,7 @@ func digestOf(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// contentDigest is DESIGN.md's payload digest of a ConfigMap: the canonical
+// contentDigest is the contract's payload digest of a ConfigMap: the canonical
 // JSON (compact, sorted keys, no HTML escaping) of {"binaryData","data"}
 // without empty members.
 func contentDigest(obj map[string]any) string {

@@ -12,7 +12,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
-// unknownBudget is the source design's bound on settling an UNKNOWN outcome.
+// unknownBudget is the release gate's bound on settling an UNKNOWN outcome.
 const unknownBudget = 15 * time.Minute
 
 // Gate is one row of the release-gate table.
@@ -25,7 +25,7 @@ type Gate struct {
 	NotApplicable bool
 }
 
-// Gates evaluates the source design's release gates on the counters.
+// Gates evaluates the release gates (docs/contract.md) on the counters.
 func (c *Counters) Gates() []Gate {
 	zero := func(name string, kind violationKind, of string) Gate {
 		n := c.Violated[kind]
@@ -104,7 +104,7 @@ func (c *Counters) Passed() bool {
 func (c *Counters) GateTable() string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RELEASE GATE (source design)\tBAR\tMEASURED\tRESULT")
+	fmt.Fprintln(tw, "RELEASE GATE\tBAR\tMEASURED\tRESULT")
 	for _, g := range c.Gates() {
 		result := "PASS"
 		switch {

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestReleaseGates is the gate check CI runs: every gate of the source design
+// TestReleaseGates is the gate check CI runs: every release gate
 // over -sim.schedules seeded schedules, every fault of the matrix injected.
 func TestReleaseGates(t *testing.T) {
 	rep := Run(*gateBaseSeed, *gateSchedules, 0, Config{}, nil)
@@ -51,7 +51,7 @@ func TestReleaseGates(t *testing.T) {
 		}
 	}
 	// The matrix must reach every verdict the webhook can give a ConfigMap
-	// write (DESIGN.md), or the schedules are not exploring what they claim.
+	// write (docs/contract.md), or the schedules are not exploring what they claim.
 	for _, v := range []fence.Verdict{fence.Accepted, fence.Unchanged, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant,
 		fence.WrongResource, fence.WrongOwner, fence.RevokedEpoch, fence.PayloadMismatch, fence.FenceRegression, fence.StaleOwner,
 		fence.RootMismatch, fence.NotHeld, fence.PolicyStale, fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined,

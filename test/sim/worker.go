@@ -14,7 +14,7 @@ import (
 // maxTriesPerJob bounds how often a worker acquires the lock anew for one job.
 const maxTriesPerJob = 20
 
-// worker follows DESIGN.md's client rules ("Worker client states"), one
+// worker follows the contract's client rules (docs/contract.md, "Worker client states"), one
 // request at a time, like the client library's Acquire/renew/Commit:
 //
 //   - lock: its state is the client library's, computed by its state machine

@@ -431,7 +431,7 @@ func TestDecideDeniesAnUnsignableRequest(t *testing.T) {
 	}
 }
 
-// A requestID is one request per owner (DESIGN.md: one LockGrant per
+// A requestID is one request per owner (docs/contract.md: one LockGrant per
 // resource, owner and requestID). LockGrants written by hand may carry any
 // name, so two of one owner can carry one requestID: the one already issued
 // keeps its place, else the first in the queue's FIFO order is served; every

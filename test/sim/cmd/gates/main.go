@@ -1,6 +1,6 @@
 // Command gates prints fencekeeper's release-gate report: it plays many
 // seeded schedules of the deterministic simulator (test/sim) and checks every
-// gate of the source design. With -seed it replays one schedule and prints
+// release gate (docs/contract.md, "Release gates"). With -seed it replays one schedule and prints
 // its trace.
 //
 //	go run ./test/sim/cmd/gates                      # 100,000 schedules
