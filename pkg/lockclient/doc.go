@@ -49,8 +49,9 @@
 //     of it can be written later;
 //   - ErrMutationUnknown (an *UnknownOutcomeError): nobody knows yet. It is
 //     recorded on the LockGrant (retried for up to 30 s while the API server
-//     is unreachable) and the operator surfaces it as ReconciliationRequired
-//     after 15 minutes; Operation.Resolve decides it later.
+//     is unreachable or answers Forbidden) and the operator surfaces it as
+//     ReconciliationRequired after 15 minutes; Operation.Resolve decides it
+//     later.
 //
 // A send that got no answer is resolved by reading the object (ResolveSent):
 // applied (its receipt is in the log: reuse it), proven absent (send it

@@ -1,7 +1,19 @@
 package lockclient
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
@@ -56,5 +68,42 @@ func TestResolveDeleted(t *testing.T) {
 		if got, _ := resolveDeleted(c.deleted, "sha256:mine", want); got != c.out {
 			t.Errorf("%s: got %d, want %d", c.name, got, c.out)
 		}
+	}
+}
+
+// An API server just restarted serves before its authorizer has caught up:
+// for a moment it answers Forbidden to the owner reading its own LockGrant
+// (found by make chaos, an API server killed and restarted). The record of
+// an unknown outcome outlasts that; a LockGrant that is gone stays final.
+func TestRecordUnresolvedOutlastsARestartedAPIServersForbidden(t *testing.T) {
+	key := types.NamespacedName{Namespace: "billing", Name: "batch-0123456789abcdef"}
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	refusals := 2
+	kube := fake.NewClientBuilder().WithScheme(locksv1.Scheme).WithObjects(lg).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*locksv1.LockGrant); ok && refusals > 0 {
+				refusals--
+				return apierrors.NewForbidden(locksv1.GroupVersion.WithResource("lockgrants").GroupResource(), k.Name,
+					errors.New(`RBAC: clusterrole.rbac.authorization.k8s.io "lockgrant-requester" not found`))
+			}
+			return c.Get(ctx, k, obj, opts...)
+		},
+	}).Build()
+	op := (&Lock{c: New(kube, "billing", "worker-a"), key: key}).Operation("op")
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "batch"}}
+	cm.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+	want := fence.Receipt{Fence: 3, Segment: 2, Operation: "op", Payload: "sha256:" + strings.Repeat("ab", 32)}
+	if err := op.recordUnresolved(context.Background(), cm, want); err != nil {
+		t.Fatalf("record after two Forbidden answers: %v", err)
+	}
+	var got locksv1.LockGrant
+	if err := kube.Get(context.Background(), key, &got); err != nil || got.Annotations[locksv1.AnnotationUnresolvedMutation] == "" {
+		t.Fatalf("LockGrant after the record: %v, annotations %v", err, got.Annotations)
+	}
+
+	start := time.Now()
+	gone := (&Lock{c: New(kube, "billing", "worker-a"), key: types.NamespacedName{Namespace: "billing", Name: "gone"}}).Operation("op")
+	if err := gone.recordUnresolved(context.Background(), cm, want); !apierrors.IsNotFound(err) || time.Since(start) > 5*time.Second {
+		t.Fatalf("record on a LockGrant that is gone: %v after %v, want NotFound at once", err, time.Since(start))
 	}
 }

@@ -44,8 +44,9 @@ func (op *Operation) ID() string { return op.id }
 // decides it (or ctx ends first), the result is an *UnknownOutcomeError
 // (ErrMutationUnknown), after the outcome was recorded on the LockGrant for
 // reconciliation: that record is retried, past ctx, for up to 30 s while the
-// API server cannot be reached, and the error says if it still failed. Any
-// other error means nothing was written, nor will be.
+// API server cannot be reached or refuses it as forbidden (an API server just
+// restarted does until its authorizer caught up), and the error says if it
+// still failed. Any other error means nothing was written, nor will be.
 // Denials are *DenialError (errors.Is ErrStaleOwner, …).
 func (op *Operation) Commit(ctx context.Context, obj client.Object, mutate func() error) (fence.Receipt, error) {
 	c, err := op.commit(ctx, obj, mutate, "")
@@ -358,7 +359,11 @@ func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, wa
 	// The issuer's status writes and this lock's renewals race with it
 	// (conflicts: re-read at once), and the partition that made the outcome
 	// unknown may still hide the LockGrant (back off and retry until time is
-	// up). Any other answer of the API server (forbidden, gone) is final.
+	// up). So may an API server just restarted after it: it serves before its
+	// authorizer has caught up and answers Forbidden for a moment (found by
+	// make chaos), while this owner reads and renews its own LockGrant. Any
+	// other answer of the API server (the LockGrant is gone, the record is
+	// invalid) is final.
 	for attempt := 0; ; attempt++ {
 		err := op.tryRecordUnresolved(ctx, rec)
 		switch {
@@ -366,7 +371,7 @@ func (op *Operation) recordUnresolved(ctx context.Context, obj client.Object, wa
 			return nil
 		case apierrors.IsConflict(err):
 			continue
-		case definitive(err):
+		case definitive(err) && !apierrors.IsForbidden(err):
 			return err
 		}
 		if ctxtime.Sleep(ctx, min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)) != nil {

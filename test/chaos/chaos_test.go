@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
@@ -34,7 +35,8 @@ func TestChaosSmoke(t *testing.T) {
 	err = cmd.Run()
 	t.Logf("stdout:\n%s", stdout.String())
 	if err != nil {
-		t.Fatalf("chaos: %v\nstderr (tail):\n%s", err, tail(stderr.Bytes(), 4000))
+		// CI shows only the tail of the log: name the violations here.
+		t.Fatalf("chaos: %v\n%sstderr (tail):\n%s", err, violations(stdout.String()), tail(stderr.Bytes(), 4000))
 	}
 	out := stdout.String()
 	for _, want := range []string{"PASS: every invariant held", "stale writes tried", "replay writes tried"} {
@@ -63,6 +65,28 @@ func count(t *testing.T, out, pattern string) int {
 	}
 	n, _ := strconv.Atoi(m[len(m)-1][1])
 	return n
+}
+
+// violations picks out of a chaos report the nonzero VIOLATIONS lines with
+// the details under them, and the "trace of" blocks.
+func violations(out string) string {
+	var b strings.Builder
+	keep := false
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(l, "  VIOLATIONS "):
+			keep = !strings.HasSuffix(l, " 0")
+		case strings.HasPrefix(l, "trace of "):
+			keep = true
+		case keep && strings.HasPrefix(l, "  "):
+		default:
+			keep = false
+		}
+		if keep {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
 }
 
 func tail(b []byte, n int) []byte {
