@@ -229,7 +229,7 @@ func validateLockGrantCreate(user, pod string, lg *locksv1.LockGrant, fr *locksv
 	spec := field.NewPath("spec")
 	if lg.Spec.Owner != user {
 		return field.ErrorList{field.Invalid(spec.Child("owner"), lg.Spec.Owner,
-			fmt.Sprintf("must equal the requesting user %q: a LockGrant can only be requested for yourself", user))}
+			fmt.Sprintf("must equal the requesting user %q: a LockGrant can only be requested for yourself (set spec.owner to %q; kubectl auth whoami prints it)", user, user))}
 	}
 	if msg := leaseViolation(lg.Spec.Lease, pod); msg != "" {
 		return field.ErrorList{field.Invalid(spec.Child("lease"), lg.Spec.Lease, msg)}

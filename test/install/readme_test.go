@@ -458,6 +458,23 @@ func (c *devCluster) tour(t *testing.T) {
 	if err == nil || !strings.Contains(out, "FENCE_REQUIRED") {
 		t.Errorf("an unfenced write of the protected ConfigMap was not refused with FENCE_REQUIRED (%v): %s", err, out)
 	}
+	c.handWrittenLockGrant(t, worker)
+}
+
+// handWrittenLockGrant: the sample LockGrant applies as it is, as the README
+// says, queues behind worker-a's grant, and is issued when that one's lease
+// runs out (nobody renews it here).
+func (c *devCluster) handWrittenLockGrant(t *testing.T, worker string) {
+	t.Helper()
+	shell(t, c, worker+" kubectl apply -f config/samples/lockgrant.yaml")
+	get := "kubectl -n billing get lg invoice-batch-2026-07-19-req-1 -o jsonpath={.status.phase}/{.status.grant.fenceToken}"
+	var phase string
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if phase = strings.TrimSpace(shell(t, c, get)); phase == "Held/2" {
+			return
+		}
+	}
+	t.Errorf("the sample LockGrant was not issued fence 2 within 60 s: phase/fence %q", phase)
 }
 
 // hostIP is this machine's first non-loopback IPv4 address: an EndpointSlice
