@@ -1,0 +1,70 @@
+package envtest
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
+)
+
+// A held grant whose LockGrant vanishes (a break-glass admin strips the
+// release finalizer and deletes it, so the issuer never writes a last status)
+// is over: the issuer serves the next waiter, so the holder must stop too,
+// on the API server's word that the object is gone (EventGone). Before the
+// client learned that, it stayed HELD or OWNERSHIP_UNKNOWN for ever and Done
+// never closed. With the finalizer in place the issuer ends the grant first
+// and the client follows its Released status instead.
+var _ = Describe("the worker client when its LockGrant is deleted", func() {
+	It("ends EXPIRED (ErrExpired, Done closed) and the next waiter is served", func() {
+		ns := newNamespace()
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		holder, _ := faultyWorker(ns, "worker-a")
+		log := &stateLog{}
+		ctx := suiteCtx
+		l, err := holder.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "job-1",
+			RenewInterval: 150 * time.Millisecond, RequestTimeout: 100 * time.Millisecond, OnStateChange: log.record})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(l.Orphan)
+		Expect(l.State()).To(Equal(lockclient.StateHeld))
+
+		next, _ := faultyWorker(ns, "worker-b")
+		waiting := make(chan *lockclient.Lock, 1)
+		go func() {
+			defer GinkgoRecover()
+			w, err := next.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "job-2", RenewInterval: 150 * time.Millisecond})
+			Expect(err).NotTo(HaveOccurred())
+			waiting <- w
+		}()
+		Eventually(func() int {
+			var list locksv1.LockGrantList
+			Expect(admin.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+			return len(list.Items)
+		}, 5*time.Second).Should(Equal(2), "worker-b queued")
+
+		// The cluster admin strips the finalizer and deletes the holder's LockGrant (break-glass).
+		held := getGrant(ns, l.Name())
+		Expect(admin.Patch(ctx, held, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))).To(Succeed())
+		Expect(admin.Delete(ctx, held)).To(Succeed())
+		Eventually(func() bool {
+			err := admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: l.Name()}, &locksv1.LockGrant{})
+			return apierrors.IsNotFound(err)
+		}, 10*time.Second).Should(BeTrue(), "the LockGrant is gone")
+
+		Eventually(l.Done(), 5*time.Second).Should(BeClosed())
+		Expect(l.State()).To(Equal(lockclient.StateExpired))
+		Expect(l.Guard()).To(MatchError(lockclient.ErrExpired))
+		Expect(log.all()).NotTo(ContainElement(lockclient.StateReleased), "nobody released it")
+
+		var w *lockclient.Lock
+		Eventually(waiting, 10*time.Second).Should(Receive(&w))
+		DeferCleanup(w.Orphan)
+		Expect(w.State()).To(Equal(lockclient.StateHeld))
+		Expect(w.Fence()).To(Equal(int64(2)))
+	})
+})
