@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -90,6 +91,9 @@ wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
 // restConfig is the API server connection the flags and kubeconfig describe.
 func (o *options) restConfig() (*rest.Config, error) {
 	cfg, err := o.flags.ToRESTConfig()
+	if clientcmd.IsEmptyConfig(err) || (err == nil && o.noClusterGiven()) {
+		return nil, noKubeconfig(o.flags.ToRawKubeConfigLoader().ConfigAccess())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("no usable kubeconfig (set KUBECONFIG or --kubeconfig; with make dev, run the export line it prints): %w", err)
 	}
