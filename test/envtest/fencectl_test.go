@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -381,6 +383,73 @@ var _ = Describe("kubectl fence", func() {
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring("not granted within 1s (--request-timeout)"))
 		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+	})
+
+	It("lists every namespace's FencedResources with status -A, with a NAMESPACE column", func() {
+		other := newNamespace()
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		newTarget(protectedKinds[0], other, "batch", locksv1.EnforcementShadow)
+		newTarget(protectedKinds[0], other, "archive", locksv1.EnforcementShadow)
+		held(ns, "batch", "worker-a", "s1")
+
+		// The table: other specs' namespaces may be listed too; ours are sorted.
+		r := kubectlFence(a, "status", "-A")
+		Expect(r.code).To(Equal(0), r.stderr)
+		lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAMESPACE", "NAME", "TARGET", "ENFORCEMENT", "FENCE", "HOLDER", "EXPIRES", "QUEUE", "ATTENTION"}))
+		rows := map[string][]string{}
+		var order []string
+		for _, line := range lines[1:] {
+			if f := strings.Fields(line); f[0] == ns || f[0] == other {
+				rows[f[0]+"/"+f[1]] = f
+				order = append(order, f[0]+"/"+f[1])
+			}
+		}
+		Expect(order).To(HaveLen(3))
+		Expect(sort.StringsAreSorted(order)).To(BeTrue(), "rows in namespace, then name order: %v", order)
+		Expect(rows[ns+"/batch"][:6]).To(Equal([]string{ns, "batch", "ConfigMap/batch", "Enforce", "1", "worker-a"}))
+		Expect(rows[other+"/archive"]).To(Equal([]string{other, "archive", "ConfigMap/archive", "Shadow", "0", "-", "-", "0", "-"}))
+		Expect(rows[other+"/batch"][:6]).To(Equal([]string{other, "batch", "ConfigMap/batch", "Shadow", "0", "-"}))
+
+		// -o json: a list, each with its namespace; -o wide adds columns.
+		var list []struct{ Namespace, Name string }
+		kubectlFence(a, "status", "-A", "-o", "json").json(&list)
+		var names []string
+		for _, v := range list {
+			if v.Namespace == ns || v.Namespace == other {
+				names = append(names, v.Namespace+"/"+v.Name)
+			}
+		}
+		Expect(names).To(ConsistOf(ns+"/batch", other+"/archive", other+"/batch"))
+		r = kubectlFence(a, "status", "-A", "-o", "wide")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(strings.Fields(strings.SplitN(r.stdout, "\n", 2)[0])).To(ContainElements("NAMESPACE", "RESOURCEID", "HIGHEST-OBSERVED", "GRANT"))
+
+		// Without -A the namespace's report is unchanged.
+		r = kubectlFence(a, "status", "-n", other)
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(HavePrefix("FencedResource archive ("))
+		Expect(r.stdout).NotTo(ContainSubstring("NAMESPACE"))
+
+		// A name across all namespaces is refused, as kubectl get refuses it.
+		r = kubectlFence(a, "status", "batch", "-A")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("a FencedResource cannot be named across all namespaces: drop -A"))
+
+		// A user who may read FencedResources of one namespace only is told what -A needs.
+		reader := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fr-reader"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1.GroupVersion.Group}, Resources: []string{"fencedresources"}, Verbs: []string{"get", "list"}}}}
+		Expect(admin.Create(suiteCtx, reader)).To(Succeed())
+		Expect(admin.Create(suiteCtx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fr-reader"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "status-one-namespace"}},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "fr-reader"}})).To(Succeed())
+		u, err := cp.AddUser("status-one-namespace")
+		Expect(err).NotTo(HaveOccurred())
+		oneNamespace := u.Config()
+		Expect(kubectlFence(oneNamespace, "status", "-n", ns).code).To(Equal(0))
+		r = kubectlFence(oneNamespace, "status", "-A")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("-A needs list on fencedresources.locks.fencekeeper.dev cluster-wide"))
 	})
 
 	It("completes LockGrant and FencedResource names from the API server", func() {
