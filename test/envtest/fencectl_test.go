@@ -13,18 +13,22 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
+	"github.com/fencekeeper/fencekeeper/internal/version"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 // fencectlResult is one run of the kubectl fence plugin.
@@ -450,6 +454,70 @@ var _ = Describe("kubectl fence", func() {
 		r = kubectlFence(oneNamespace, "status", "-A")
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring("-A needs list on fencedresources.locks.fencekeeper.dev cluster-wide"))
+	})
+
+	It("prints the operator's version as its replicas report it, and unknown with the reason when it cannot tell", func() {
+		// The suite's webhook replica is the operator's real VerifierReporter:
+		// its Lease carries this build's version.
+		build := version.Get()
+		var lease coordinationv1.Lease
+		Eventually(func(g Gomega) string {
+			g.Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: webhooks.VerifierLeaseName(webhooks.ReplicaName())}, &lease)).To(Succeed())
+			return lease.Annotations[locksv1.AnnotationVersion]
+		}).Should(Equal(build.Version))
+		Expect(lease.Annotations).To(HaveKeyWithValue(locksv1.AnnotationCommit, build.Commit))
+
+		var doc struct {
+			ClientVersion   version.Info
+			OperatorVersion struct {
+				Version, Commit, Unknown string
+				Replicas                 []struct {
+					Replica, Version string
+					Live             bool
+				}
+			}
+		}
+		kubectlFence(adminCfg, "version", "-o", "json").json(&doc)
+		Expect(doc.ClientVersion.Version).To(Equal(build.Version))
+		Expect(doc.OperatorVersion.Unknown).To(BeEmpty())
+		Expect([]string{doc.OperatorVersion.Version, doc.OperatorVersion.Commit}).To(Equal([]string{build.Version, build.Commit}))
+		Expect(doc.OperatorVersion.Replicas).To(ContainElement(
+			And(HaveField("Replica", webhooks.ReplicaName()), HaveField("Version", build.Version), HaveField("Live", true))))
+		r := kubectlFence(adminCfg, "version")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring(fmt.Sprintf("\nOperator Version: %s (commit %s; ", build.Version, build.Commit)))
+
+		// An operator elsewhere, its Leases written as the VerifierReporter
+		// writes them: another build than this client's is told apart, and a
+		// rollout lists each replica.
+		report := func(replica, ver string) {
+			GinkgoHelper()
+			now := metav1.NewMicroTime(time.Now())
+			Expect(admin.Create(suiteCtx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: webhooks.VerifierLeaseName(replica),
+					Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper", locksv1.LabelComponent: locksv1.ComponentVerifier},
+					Annotations: map[string]string{locksv1.AnnotationVerifierKeys: "k1", locksv1.AnnotationVerifierRevokedBelow: "0",
+						locksv1.AnnotationVersion: ver, locksv1.AnnotationCommit: "c-" + ver}},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(replica), LeaseDurationSeconds: ptr.To(int32(60)), RenewTime: &now, AcquireTime: &now},
+			})).To(Succeed())
+		}
+		r = kubectlFence(adminCfg, "version", "--operator-namespace", ns)
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: unknown (no operator replica reports in namespace " + ns))
+		report("manager-7d9f-a", "v0.4.1")
+		r = kubectlFence(adminCfg, "version", "--operator-namespace", ns)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: v0.4.1 (commit c-v0.4.1; 1 live replica(s) in " + ns + ")"))
+		report("manager-6c1a-b", "v0.4.0")
+		r = kubectlFence(adminCfg, "version", "--operator-namespace", ns)
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: unknown (the live replicas run 2 different builds (a rollout under way?))"))
+		Expect(r.stdout).To(MatchRegexp(`manager-6c1a-b +true +v0\.4\.0 +c-v0\.4\.0`))
+		Expect(r.stdout).To(MatchRegexp(`manager-7d9f-a +true +v0\.4\.1 +c-v0\.4\.1`))
+
+		// A worker may not list the operator's Leases: unknown, and still exit 0.
+		r = kubectlFence(a, "version")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: unknown (your user may not list Leases in " + opNamespace))
 	})
 
 	It("completes LockGrant and FencedResource names from the API server", func() {
