@@ -73,6 +73,13 @@ owner's write is refused with STALE_OWNER.
 The connection flags (--kubeconfig, --context, -n, --as, --as-group,
 --request-timeout, --server, …) and the output flags (-o json|yaml|name|
 wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
+		Example: `  # Take a lock, write the protected object under it, release it
+  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42
+  kubectl fence write invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing -f batch.yaml
+  kubectl fence release invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing
+
+  # What is held, queued or in trouble, cluster-wide
+  kubectl fence status -A`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
