@@ -98,8 +98,13 @@ wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
 // restConfig is the API server connection the flags and kubeconfig describe.
 func (o *options) restConfig() (*rest.Config, error) {
 	cfg, err := o.flags.ToRESTConfig()
-	if clientcmd.IsEmptyConfig(err) || (err == nil && o.noClusterGiven()) {
+	if clientcmd.IsEmptyConfig(err) {
 		return nil, noKubeconfig(o.flags.ToRawKubeConfigLoader().ConfigAccess())
+	}
+	if err == nil {
+		if err := o.noCluster(); err != nil {
+			return nil, err
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("no usable kubeconfig (set KUBECONFIG or --kubeconfig; with make dev, run the export line it prints): %w", err)

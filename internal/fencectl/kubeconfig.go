@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 
 	"k8s.io/client-go/rest"
@@ -74,19 +75,37 @@ func fileState(path string) string {
 	case st.Size() == 0:
 		return "is empty"
 	}
-	return "exists but names no cluster (no current-context, or it has no server)"
+	return "exists but defines no cluster"
 }
 
-// noClusterGiven says that no kubeconfig, flag or pod names a cluster. Then
-// client-go falls back, as kubectl does, to http://localhost:8080, and every
+// noCluster explains, when nothing names a cluster, why: no kubeconfig (no
+// cluster in any file), or a kubeconfig that selects no context. client-go
+// would fall back, as kubectl does, to http://localhost:8080, and every
 // command would fail with "connection refused" to a server nobody named.
-func (o *options) noClusterGiven() bool {
-	if f := o.flags.APIServer; f != nil && *f != "" {
-		return false
+// It returns nil when a cluster is named (by a context, --server or a pod).
+func (o *options) noCluster() error {
+	f := o.flags
+	if (f.APIServer != nil && *f.APIServer != "") || (f.ClusterName != nil && *f.ClusterName != "") || (f.Context != nil && *f.Context != "") {
+		return nil
 	}
 	if _, err := rest.InClusterConfig(); err == nil {
-		return false
+		return nil
 	}
-	raw, err := o.flags.ToRawKubeConfigLoader().RawConfig()
-	return err == nil && len(raw.Clusters) == 0
+	loader := f.ToRawKubeConfigLoader()
+	raw, err := loader.RawConfig()
+	switch {
+	case err != nil:
+		return nil // client-go's own error says what is wrong with the file
+	case len(raw.Clusters) == 0:
+		return noKubeconfig(loader.ConfigAccess())
+	case raw.CurrentContext == "":
+		contexts := make([]string, 0, len(raw.Contexts))
+		for name := range raw.Contexts {
+			contexts = append(contexts, name)
+		}
+		sort.Strings(contexts)
+		return fmt.Errorf("%w: the kubeconfig (%s) sets no current-context: pick one with --context NAME, or kubectl config use-context NAME (contexts: %s)",
+			errNoKubeconfig, strings.Join(loader.ConfigAccess().GetLoadingPrecedence(), ":"), strings.Join(contexts, ", "))
+	}
+	return nil
 }
