@@ -124,7 +124,8 @@ func (o *options) operatorVersion(ctx context.Context, ns string) operatorVersio
 // unknownBecause is the reason for an unknown operator version, in one line.
 func unknownBecause(err error, ns string, limit time.Duration) string {
 	switch {
-	case errors.Is(err, errNoKubeconfig):
+	case errors.Is(err, errNoKubeconfig) && strings.Contains(err.Error(), "\n"):
+		// The whole hint is for commands that need the cluster.
 		return "no kubeconfig found: set KUBECONFIG or --kubeconfig"
 	case apierrors.IsForbidden(err):
 		return fmt.Sprintf("your user may not list Leases in %s, where the operator's replicas report their version", ns)
