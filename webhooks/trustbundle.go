@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/version"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -169,6 +170,11 @@ func (r *VerifierReporter) Report(ctx context.Context) error {
 	}
 	lease.Annotations[locksv1.AnnotationVerifierKeys] = strings.Join(b.KeyIDs(), ",")
 	lease.Annotations[locksv1.AnnotationVerifierRevokedBelow] = strconv.FormatInt(b.RevokedBelowEpoch, 10)
+	// The build this replica runs, for kubectl fence version: the Lease is
+	// the one object every replica keeps writing, so a stale one shows too.
+	build := version.Get()
+	lease.Annotations[locksv1.AnnotationVersion] = build.Version
+	lease.Annotations[locksv1.AnnotationCommit] = build.Commit
 	now := metav1.NewMicroTime(time.Now())
 	lease.Spec.HolderIdentity = ptr.To(r.Replica)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, (3*r.Interval).Round(time.Second)/time.Second)))

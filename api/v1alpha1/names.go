@@ -69,6 +69,10 @@ const (
 	AnnotationRetiredKeys = "fencekeeper.dev/retired-keys"
 	// AnnotationVerifierRevokedBelow is the revokedBelowEpoch a verifier replica enforces.
 	AnnotationVerifierRevokedBelow = "fencekeeper.dev/revoked-below-epoch"
+	// AnnotationVersion and AnnotationCommit, on a verifier Lease, name the
+	// build (internal/version) the replica runs; kubectl fence version reads them.
+	AnnotationVersion = "fencekeeper.dev/version"
+	AnnotationCommit  = "fencekeeper.dev/commit"
 	// WebhookConfigurationName is the ValidatingWebhookConfiguration of the installation.
 	WebhookConfigurationName = "fencekeeper-validating-webhook-configuration"
 	// AnnotationProtectedKinds, on the webhook configuration, lists the

@@ -53,6 +53,14 @@ and every FencedResource target, and checks for each:
     it, and fails closed (failurePolicy Fail);
   - a FencedResource target that exists carries the label and annotation.
 It exits 1 when it finds a gap.`,
+		Example: `  # What is protected in the namespace, and every gap
+  kubectl fence audit -n billing
+
+  # The whole cluster, Shadow counted as a gap: exits 1 on any (for CI or an alert)
+  kubectl fence audit -A --require-enforce
+
+  # The number of gaps only
+  kubectl fence audit -A -o jsonpath='{.gaps}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			kube, err := o.kube()

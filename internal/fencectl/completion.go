@@ -33,6 +33,11 @@ func completionCmd(root *cobra.Command, stdout io.Writer) *cobra.Command {
 'kubectl fence …' (through kubectl) is completed by kubectl's own completion,
 which calls the kubectl_complete-fence helper found on PATH (kubectl 1.26 or
 later); put it next to kubectl-fence. See docs/kubectl-fence.md.`,
+		Example: `  # bash (needs bash-completion v2)
+  source <(kubectl-fence completion bash)
+
+  # zsh
+  kubectl-fence completion zsh > "${fpath[1]}/_kubectl-fence"`,
 		ValidArgs: []string{"bash", "zsh", "fish", "powershell"},
 		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
 		RunE: func(_ *cobra.Command, args []string) error {

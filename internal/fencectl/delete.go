@@ -29,7 +29,11 @@ delete first commits the next segment of the operation with the same
 content and intent "delete", then deletes the object with the
 resourceVersion that segment wrote as precondition. If anything wrote the
 object in between, nothing is deleted.`,
-		Example:           `  kubectl fence delete invoice-batch-2026-07-19-3f2a... -n billing`,
+		Example: `  # Delete the protected object under the held grant (a fenced delete intent, then the delete)
+  kubectl fence delete invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing
+
+  # As the last segment of a named operation
+  kubectl fence delete invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing --operation nightly-42`,
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {

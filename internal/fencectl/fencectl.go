@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -72,6 +73,13 @@ owner's write is refused with STALE_OWNER.
 The connection flags (--kubeconfig, --context, -n, --as, --as-group,
 --request-timeout, --server, …) and the output flags (-o json|yaml|name|
 wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
+		Example: `  # Take a lock, write the protected object under it, release it
+  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42
+  kubectl fence write invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing -f batch.yaml
+  kubectl fence release invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing
+
+  # What is held, queued or in trouble, cluster-wide
+  kubectl fence status -A`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -90,6 +98,14 @@ wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
 // restConfig is the API server connection the flags and kubeconfig describe.
 func (o *options) restConfig() (*rest.Config, error) {
 	cfg, err := o.flags.ToRESTConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		return nil, noKubeconfig(o.flags.ToRawKubeConfigLoader().ConfigAccess())
+	}
+	if err == nil {
+		if err := o.noCluster(); err != nil {
+			return nil, err
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("no usable kubeconfig (set KUBECONFIG or --kubeconfig; with make dev, run the export line it prints): %w", err)
 	}

@@ -74,6 +74,8 @@ func (o *options) keysCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "keys",
 		Short: "Show and rotate the issuer's signing key (see docs/key-rotation.md)",
+		Example: `  kubectl fence keys status
+  kubectl fence keys rotate --dry-run`,
 	}
 	cmd.AddCommand(o.keysStatusCmd(), o.keysRotateCmd())
 	return cmd
@@ -88,7 +90,12 @@ func (o *options) keysStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the trusted keys, the epochs, a rotation's steps and which verifier trusts which key",
-		Args:  cobra.NoArgs,
+		Example: `  # Trusted keys, epochs, where a rotation stands and what each webhook replica trusts
+  kubectl fence keys status
+
+  # The operator installed in another namespace, as YAML
+  kubectl fence keys status --operator-namespace fencekeeper -o yaml`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := o.loadKeys(cmd.Context(), opNS)
 			if err != nil {
@@ -131,6 +138,11 @@ acquire again and get fences above every fence issued so far.
 --dry-run prints the plan and checks the request would be accepted,
 without changing anything. --wait follows the steps until the rotation is
 complete. See docs/key-rotation.md.`,
+		Example: `  # The plan, and whether you may ask for it (a server-side dry run): nothing changes
+  kubectl fence keys rotate --dry-run
+
+  # Rotate and follow the steps until the rotation is complete
+  kubectl fence keys rotate --wait --timeout 10m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.rotate(cmd.Context(), opNS, dryRun, wait, timeout)

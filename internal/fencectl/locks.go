@@ -100,7 +100,11 @@ and your identity, and waits (watching, FIFO behind earlier requests) until it i
 The lease runs on the issuer's clock: renew it with 'kubectl fence renew'
 before it expires, or it ends and the next waiter gets a higher fence.
 Running acquire again with the same --request-id finds the same request.`,
-		Example:           `  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42`,
+		Example: `  # Take the lock on invoice-batch-2026-07-19 for tonight's run (run it again to find the same request)
+  kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42
+
+  # Wait up to 2 minutes behind earlier requests; keep the LockGrant's name for write, renew and release
+  GRANT=$(kubectl fence acquire invoice-batch-2026-07-19 -n billing --request-id nightly-42 --timeout 2m -o name)`,
 		Args:              exactArgs("FENCEDRESOURCE"),
 		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -164,6 +168,11 @@ func (o *options) renewCmd() *cobra.Command {
 	return o.grantChangeCmd(grantChange{
 		use:   "renew LOCKGRANT",
 		short: "Renew a held grant's lease (the issuer applies it only before expiry)",
+		example: `  # Renew before the lease runs out; exit 1 if the grant is no longer Held
+  kubectl fence renew invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing
+
+  # The name acquire -o name printed works too; wait up to 30s for the issuer
+  kubectl fence renew lockgrant.locks.fencekeeper.dev/invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing --timeout 30s`,
 		change: func(lg *locksv1.LockGrant) error {
 			if lg.Status.Phase != locksv1.PhaseHeld {
 				return fmt.Errorf("LockGrant %s is %s, not Held: only a held grant can be renewed; acquire again", lg.Name, viewOf(lg).Phase)
@@ -184,6 +193,11 @@ func (o *options) releaseCmd() *cobra.Command {
 	return o.grantChangeCmd(grantChange{
 		use:   "release LOCKGRANT",
 		short: "Release a grant (or withdraw a queued request); the next waiter gets fence+1",
+		example: `  # Done: release the grant, the next waiter gets fence+1
+  kubectl fence release invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing
+
+  # Withdraw a request still queued and print the phase it ended in (Released)
+  kubectl fence release lg/invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -n billing -o jsonpath='{.status.phase}'`,
 		change: func(lg *locksv1.LockGrant) error {
 			lg.Spec.Release = true
 			return nil
@@ -200,7 +214,7 @@ func (o *options) releaseCmd() *cobra.Command {
 // grantChange is a command that changes one LockGrant's spec and waits for
 // the issuer's answer: renew and release.
 type grantChange struct {
-	use, short string
+	use, short, example string
 	// change edits the spec (or refuses); answered says the issuer acted on it.
 	change   func(*locksv1.LockGrant) error
 	answered func(*locksv1.LockGrant) bool
@@ -215,6 +229,7 @@ func (o *options) grantChangeCmd(g grantChange) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               g.use,
 		Short:             g.short,
+		Example:           g.example,
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -76,7 +76,11 @@ stamps the fence annotation and the receipt log, and sends one update.
 The acceptance webhook decides; a denial names the verdict and what to do.
 Each write is the next segment of the operation (--operation, default one
 per grant); a write the webhook already applied returns its original receipt.`,
-		Example:           `  kubectl fence write invoice-batch-2026-07-19-3f2a... -f batch.yaml -n billing`,
+		Example: `  # Write batch.yaml's data to the protected ConfigMap under the held grant
+  kubectl fence write invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -f batch.yaml -n billing
+
+  # Segments of one named operation, printing the receipt of each
+  kubectl fence write invoice-batch-2026-07-19-f5a5dd7fb11e7b78 -f part-2.yaml -n billing --operation nightly-42 -o jsonpath='{.receipt}{"\n"}'`,
 		Args:              exactArgs("LOCKGRANT"),
 		ValidArgsFunction: o.completeFirst(lockGrantNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -220,8 +224,13 @@ func businessContent(in map[string]any, t *locksv1.ObjectTarget) map[string]any 
 
 func (o *options) receiptsCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:               "receipts FENCEDRESOURCE",
-		Short:             "Show the receipt log and fence state of a FencedResource's protected object",
+		Use:   "receipts FENCEDRESOURCE",
+		Short: "Show the receipt log and fence state of a FencedResource's protected object",
+		Example: `  # The fence state and receipt log stamped on invoice-batch-2026-07-19's protected object
+  kubectl fence receipts invoice-batch-2026-07-19 -n billing
+
+  # Did a write whose answer was lost land? Look for its operation and segment
+  kubectl fence receipts fr/invoice-batch-2026-07-19 -n billing -o jsonpath='{range .receipts[*]}{.operation} {.segment} {.receipt}{"\n"}{end}'`,
 		Args:              exactArgs("FENCEDRESOURCE"),
 		ValidArgsFunction: o.completeFirst(fencedResourceNames),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -6,23 +6,29 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
+	"github.com/fencekeeper/fencekeeper/internal/version"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
 // fencectlResult is one run of the kubectl fence plugin.
@@ -381,6 +387,137 @@ var _ = Describe("kubectl fence", func() {
 		Expect(r.code).To(Equal(1))
 		Expect(r.stderr).To(ContainSubstring("not granted within 1s (--request-timeout)"))
 		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+	})
+
+	It("lists every namespace's FencedResources with status -A, with a NAMESPACE column", func() {
+		other := newNamespace()
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		newTarget(protectedKinds[0], other, "batch", locksv1.EnforcementShadow)
+		newTarget(protectedKinds[0], other, "archive", locksv1.EnforcementShadow)
+		held(ns, "batch", "worker-a", "s1")
+
+		// The table: other specs' namespaces may be listed too; ours are sorted.
+		r := kubectlFence(a, "status", "-A")
+		Expect(r.code).To(Equal(0), r.stderr)
+		lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAMESPACE", "NAME", "TARGET", "ENFORCEMENT", "FENCE", "HOLDER", "EXPIRES", "QUEUE", "ATTENTION"}))
+		rows := map[string][]string{}
+		var order []string
+		for _, line := range lines[1:] {
+			if f := strings.Fields(line); f[0] == ns || f[0] == other {
+				rows[f[0]+"/"+f[1]] = f
+				order = append(order, f[0]+"/"+f[1])
+			}
+		}
+		Expect(order).To(HaveLen(3))
+		Expect(sort.StringsAreSorted(order)).To(BeTrue(), "rows in namespace, then name order: %v", order)
+		Expect(rows[ns+"/batch"][:6]).To(Equal([]string{ns, "batch", "ConfigMap/batch", "Enforce", "1", "worker-a"}))
+		Expect(rows[other+"/archive"]).To(Equal([]string{other, "archive", "ConfigMap/archive", "Shadow", "0", "-", "-", "0", "-"}))
+		Expect(rows[other+"/batch"][:6]).To(Equal([]string{other, "batch", "ConfigMap/batch", "Shadow", "0", "-"}))
+
+		// -o json: a list, each with its namespace; -o wide adds columns.
+		var list []struct{ Namespace, Name string }
+		kubectlFence(a, "status", "-A", "-o", "json").json(&list)
+		var names []string
+		for _, v := range list {
+			if v.Namespace == ns || v.Namespace == other {
+				names = append(names, v.Namespace+"/"+v.Name)
+			}
+		}
+		Expect(names).To(ConsistOf(ns+"/batch", other+"/archive", other+"/batch"))
+		r = kubectlFence(a, "status", "-A", "-o", "wide")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(strings.Fields(strings.SplitN(r.stdout, "\n", 2)[0])).To(ContainElements("NAMESPACE", "RESOURCEID", "HIGHEST-OBSERVED", "GRANT"))
+
+		// Without -A the namespace's report is unchanged.
+		r = kubectlFence(a, "status", "-n", other)
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(HavePrefix("FencedResource archive ("))
+		Expect(r.stdout).NotTo(ContainSubstring("NAMESPACE"))
+
+		// A name across all namespaces is refused, as kubectl get refuses it.
+		r = kubectlFence(a, "status", "batch", "-A")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("a FencedResource cannot be named across all namespaces: drop -A"))
+
+		// A user who may read FencedResources of one namespace only is told what -A needs.
+		reader := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fr-reader"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1.GroupVersion.Group}, Resources: []string{"fencedresources"}, Verbs: []string{"get", "list"}}}}
+		Expect(admin.Create(suiteCtx, reader)).To(Succeed())
+		Expect(admin.Create(suiteCtx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fr-reader"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "status-one-namespace"}},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "fr-reader"}})).To(Succeed())
+		u, err := cp.AddUser("status-one-namespace")
+		Expect(err).NotTo(HaveOccurred())
+		oneNamespace := u.Config()
+		Expect(kubectlFence(oneNamespace, "status", "-n", ns).code).To(Equal(0))
+		r = kubectlFence(oneNamespace, "status", "-A")
+		Expect(r.code).To(Equal(1))
+		Expect(r.stderr).To(ContainSubstring("-A needs list on fencedresources.locks.fencekeeper.dev cluster-wide"))
+	})
+
+	It("prints the operator's version as its replicas report it, and unknown with the reason when it cannot tell", func() {
+		// The suite's webhook replica is the operator's real VerifierReporter:
+		// its Lease carries this build's version.
+		build := version.Get()
+		var lease coordinationv1.Lease
+		Eventually(func(g Gomega) string {
+			g.Expect(admin.Get(suiteCtx, client.ObjectKey{Namespace: opNamespace, Name: webhooks.VerifierLeaseName(webhooks.ReplicaName())}, &lease)).To(Succeed())
+			return lease.Annotations[locksv1.AnnotationVersion]
+		}).Should(Equal(build.Version))
+		Expect(lease.Annotations).To(HaveKeyWithValue(locksv1.AnnotationCommit, build.Commit))
+
+		var doc struct {
+			ClientVersion   version.Info
+			OperatorVersion struct {
+				Version, Commit, Unknown string
+				Replicas                 []struct {
+					Replica, Version string
+					Live             bool
+				}
+			}
+		}
+		kubectlFence(adminCfg, "version", "-o", "json").json(&doc)
+		Expect(doc.ClientVersion.Version).To(Equal(build.Version))
+		Expect(doc.OperatorVersion.Unknown).To(BeEmpty())
+		Expect([]string{doc.OperatorVersion.Version, doc.OperatorVersion.Commit}).To(Equal([]string{build.Version, build.Commit}))
+		Expect(doc.OperatorVersion.Replicas).To(ContainElement(
+			And(HaveField("Replica", webhooks.ReplicaName()), HaveField("Version", build.Version), HaveField("Live", true))))
+		r := kubectlFence(adminCfg, "version")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring(fmt.Sprintf("\nOperator Version: %s (commit %s; ", build.Version, build.Commit)))
+
+		// An operator elsewhere, its Leases written as the VerifierReporter
+		// writes them: another build than this client's is told apart, and a
+		// rollout lists each replica.
+		report := func(replica, ver string) {
+			GinkgoHelper()
+			now := metav1.NewMicroTime(time.Now())
+			Expect(admin.Create(suiteCtx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: webhooks.VerifierLeaseName(replica),
+					Labels: map[string]string{"app.kubernetes.io/managed-by": "fencekeeper", locksv1.LabelComponent: locksv1.ComponentVerifier},
+					Annotations: map[string]string{locksv1.AnnotationVerifierKeys: "k1", locksv1.AnnotationVerifierRevokedBelow: "0",
+						locksv1.AnnotationVersion: ver, locksv1.AnnotationCommit: "c-" + ver}},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(replica), LeaseDurationSeconds: ptr.To(int32(60)), RenewTime: &now, AcquireTime: &now},
+			})).To(Succeed())
+		}
+		r = kubectlFence(adminCfg, "version", "--operator-namespace", ns)
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: unknown (no operator replica reports in namespace " + ns))
+		report("manager-7d9f-a", "v0.4.1")
+		r = kubectlFence(adminCfg, "version", "--operator-namespace", ns)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: v0.4.1 (commit c-v0.4.1; 1 live replica(s) in " + ns + ")"))
+		report("manager-6c1a-b", "v0.4.0")
+		r = kubectlFence(adminCfg, "version", "--operator-namespace", ns)
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: unknown (the live replicas run 2 different builds (a rollout under way?))"))
+		Expect(r.stdout).To(MatchRegexp(`manager-6c1a-b +true +v0\.4\.0 +c-v0\.4\.0`))
+		Expect(r.stdout).To(MatchRegexp(`manager-7d9f-a +true +v0\.4\.1 +c-v0\.4\.1`))
+
+		// A worker may not list the operator's Leases: unknown, and still exit 0.
+		r = kubectlFence(a, "version")
+		Expect(r.code).To(Equal(0), r.stderr)
+		Expect(r.stdout).To(ContainSubstring("Operator Version: unknown (your user may not list Leases in " + opNamespace))
 	})
 
 	It("completes LockGrant and FencedResource names from the API server", func() {
