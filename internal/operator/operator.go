@@ -153,7 +153,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	if err := SetupAdmissionGuard(mgr, GuardOptions{
 		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,
-		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername,
+		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername, ExemptNamespaces: exempt.Names(),
 	}); err != nil {
 		return fmt.Errorf("admission guard: %w", err)
 	}
