@@ -23,6 +23,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "uninstall" {
+		os.Exit(uninstall(os.Args[2:], os.Stdout))
+	}
 	var o operator.Options
 	var webhookHosts string
 	var showVersion bool
