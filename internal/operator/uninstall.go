@@ -104,7 +104,7 @@ func stopOperator(ctx context.Context, c client.Client, o UninstallOptions) erro
 			return fmt.Errorf("read Deployment %s/%s: %w", o.Namespace, o.Deployment, err)
 		default:
 			if selector, err = metav1.LabelSelectorAsSelector(d.Spec.Selector); err != nil {
-				return fmt.Errorf("Deployment %s/%s selector: %w", o.Namespace, o.Deployment, err)
+				return fmt.Errorf("the selector of Deployment %s/%s: %w", o.Namespace, o.Deployment, err)
 			}
 			if err := c.Patch(ctx, &d, client.RawPatch(client.Merge.Type(), []byte(`{"spec":{"replicas":0}}`))); err != nil {
 				return fmt.Errorf("scale Deployment %s/%s to 0: %w", o.Namespace, o.Deployment, err)
