@@ -27,7 +27,7 @@ func uninstall(args []string, out io.Writer) int {
 	fs.StringVar(&o.WebhookConfiguration, "webhook-configuration", locksv1.WebhookConfigurationName, "The ValidatingWebhookConfiguration to delete.")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 2*time.Minute, "How long to wait for the operator's replicas to stop.")
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(out, "Usage: manager uninstall [flags]\n\nStops the operator, then deletes the webhook configuration, the trust-anchor admission policy and binding, the namespaces' fencekeeper.dev/enrolled labels and the LockGrants' locks.fencekeeper.dev/release finalizers. Safe to run again.")
+		_, _ = fmt.Fprintln(out, "Usage: manager uninstall [flags]\n\nDeletes the webhook configuration, stops the operator, then deletes the trust-anchor admission policy and binding, the namespaces' fencekeeper.dev/enrolled labels and the LockGrants' locks.fencekeeper.dev/release finalizers. Safe to run again.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -41,12 +41,14 @@ type UninstallOptions struct {
 // its manifest or chart lists, in an order in which nothing fights and
 // nothing hangs:
 //
-//  1. the manager Deployment is scaled to 0, and the cleanup waits until no
-//     replica leads (no pod of it is left and the leader Lease is free). The
+//  1. the webhook configuration: after it, nothing waits on a webhook. It
+//     goes first so that a cleanup that fails later (the operator does not
+//     stop) never leaves a cluster with fail-closed webhooks and no replica
+//     behind them; the operator never re-creates a deleted configuration;
+//  2. the manager Deployment is scaled to 0, and the cleanup waits until no
+//     replica leads (no pod of it is left and the leader Lease is free): the
 //     leader restores the trust-anchor policy and binding and re-enrolls
-//     namespaces, so it must be gone before they are removed; the webhooks
-//     of a replica still shutting down answer until the configuration goes;
-//  2. the webhook configuration: after it, nothing waits on a webhook;
+//     namespaces, so it must be gone before they are removed;
 //  3. the trust-anchor ValidatingAdmissionPolicy and its binding, which the
 //     operator created at run time (no manifest lists them);
 //  4. the fencekeeper.dev/enrolled label of every namespace;
@@ -69,24 +71,33 @@ func Uninstall(ctx context.Context, cfg *rest.Config, o UninstallOptions) error 
 	if err != nil {
 		return err
 	}
+	if err := deleteAll(ctx, c, o, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: o.WebhookConfiguration}}); err != nil {
+		return err
+	}
 	if err := stopOperator(ctx, c, o); err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{
-		&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: o.WebhookConfiguration}},
+	if err := deleteAll(ctx, c, o,
 		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: TrustAnchorPolicyName}},
-		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: TrustAnchorPolicyName}},
-	} {
+		&admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: TrustAnchorPolicyName}}); err != nil {
+		return err
+	}
+	if err := unenrollAll(ctx, c, o); err != nil {
+		return err
+	}
+	return releaseFinalizers(ctx, c, o)
+}
+
+// deleteAll deletes objs, those already gone included.
+func deleteAll(ctx context.Context, c client.Client, o UninstallOptions, objs ...client.Object) error {
+	for _, obj := range objs {
 		kind := fmt.Sprintf("%T", obj)[len("*v1."):]
 		if err := client.IgnoreNotFound(c.Delete(ctx, obj)); err != nil {
 			return fmt.Errorf("delete %s %s: %w", kind, obj.GetName(), err)
 		}
 		o.Log("deleted %s %s", kind, obj.GetName())
 	}
-	if err := unenrollAll(ctx, c, o); err != nil {
-		return err
-	}
-	return releaseFinalizers(ctx, c, o)
+	return nil
 }
 
 // stopOperator scales the manager to 0 and waits until none of its pods is
