@@ -39,6 +39,7 @@ help: ## Show this help.
 .PHONY: manifests
 manifests: ## Generate CRDs, RBAC and webhook manifests from the Go markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases
+	cp config/webhook/manifests.yaml internal/operator/webhooks.yaml  # the operator's own webhook shape (embedded)
 
 .PHONY: generate
 generate: ## Generate DeepCopy methods.

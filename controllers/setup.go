@@ -5,6 +5,7 @@ import (
 	"time"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
 
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,6 +33,9 @@ type Options struct {
 	// WrapClient, when set, wraps the issuing controller's client; tests use it
 	// to inject faults such as a crash between two writes.
 	WrapClient func(client.Client) client.Client
+	// Exempt are the namespaces never enrolled (the zero value: kube-system
+	// and kube-public).
+	Exempt enrollment.Exemptions
 }
 
 // Setup adds the issuer (its identity and controllers) to mgr and returns its identity.
@@ -79,7 +83,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*IssuerIdentity, e
 			return nil, err
 		}
 	}
-	if err := (&NamespaceEnrollmentReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Name: name("namespace-enrollment")}).SetupWithManager(mgr); err != nil {
+	if err := (&NamespaceEnrollmentReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Name: name("namespace-enrollment"),
+		Exempt: o.Exempt, Recorder: mgr.GetEventRecorder("fencekeeper-enrollment")}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Identity: identity, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {

@@ -51,19 +51,22 @@ type FencedResourceValidator struct {
 	// Bundle verifies the fence state a target already carries: only a
 	// genuine grant of this resource raises the floor a new entry needs.
 	Bundle *TrustBundleSource
+	// Exempt are the namespaces never enrolled: no entry is created there.
+	Exempt enrollment.Exemptions
 }
 
 // SetupFencedResourceWebhook registers the validator; webhookConfiguration
-// names the installation's ValidatingWebhookConfiguration and namespace is
-// the operator's. It reads the target index SetupProtectedWebhook adds.
-func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration, namespace string) error {
+// names the installation's ValidatingWebhookConfiguration, namespace is
+// the operator's and exempt the namespaces where no entry may be created.
+// It reads the target index SetupProtectedWebhook adds.
+func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration, namespace string, exempt enrollment.Exemptions) error {
 	if err := mgr.Add(&TargetClaimCollector{Claims: mgr.GetAPIReader(), Entries: mgr.GetClient(), Writer: mgr.GetClient(), Namespace: namespace}); err != nil {
 		return err
 	}
 	return ctrl.NewWebhookManagedBy(mgr, &locksv1.FencedResource{}).
 		WithValidator(&FencedResourceValidator{
 			Reader: mgr.GetAPIReader(), Index: mgr.GetCache(), Writer: mgr.GetClient(), Mapper: mgr.GetRESTMapper(),
-			WebhookConfiguration: webhookConfiguration, Namespace: namespace,
+			WebhookConfiguration: webhookConfiguration, Namespace: namespace, Exempt: exempt,
 			Bundle: &TrustBundleSource{Reader: mgr.GetClient(), Key: types.NamespacedName{Namespace: namespace, Name: locksv1.TrustBundleConfigMap}},
 		}).
 		Complete()
@@ -73,6 +76,11 @@ func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration, namespac
 // already accepted (a deleted and re-created entry starts again at fence 1):
 // spec.fenceFloor must be at least the target's highest fence.
 func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv1.FencedResource) (admission.Warnings, error) {
+	// Before anything else: an entry in an exempt namespace would enroll
+	// it, or promise a protection the webhooks never give there.
+	if err := v.Exempt.Refusal(fr.Namespace); err != nil {
+		return nil, apierrors.NewForbidden(locksv1.GroupVersion.WithResource("fencedresources").GroupResource(), fr.Name, err)
+	}
 	if fr.Spec.Target == nil {
 		return nil, nil
 	}
@@ -81,7 +89,7 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 	req, err := admission.RequestFromContext(ctx)
 	dry := err == nil && dryRun(req)
 	if err == nil && !dry {
-		if err := enrollment.Ensure(ctx, v.Writer, v.Reader, fr.Namespace); err != nil {
+		if err := enrollment.Ensure(ctx, v.Writer, v.Reader, v.Exempt, fr.Namespace); err != nil {
 			return nil, err
 		}
 	}

@@ -200,11 +200,11 @@ func (v *LockGrantValidator) audit(via lockGrantAuthority, call lockGrantCall, l
 	switch via {
 	case viaBreakGlass:
 		lockGrantBreakGlass.WithLabelValues(opName(call.Delete)).Inc()
-		v.Recorder.Eventf(lg, nil, corev1.EventTypeWarning, ReasonBreakGlass, opName(call.Delete),
+		v.Recorder.Eventf(lg, nil, corev1.EventTypeWarning, locksv1.EventReasonBreakGlass, opName(call.Delete),
 			"break-glass: %q was admitted to %s LockGrant %s of owner %q (phase %s)", call.User, what, lg.Name, call.Owner, phaseOf(lg))
 	case viaNamespaceDeletion:
 		lockGrantNamespaceDeletions.Inc()
-		v.Recorder.Eventf(ns, lg, corev1.EventTypeNormal, ReasonNamespaceDeletion, opName(call.Delete),
+		v.Recorder.Eventf(ns, lg, corev1.EventTypeNormal, locksv1.EventReasonNamespaceDeletion, opName(call.Delete),
 			"namespace %s terminates: %q was admitted to delete LockGrant %s of owner %q (phase %s)", ns.Name, call.User, lg.Name, call.Owner, phaseOf(lg))
 	}
 }
@@ -282,12 +282,6 @@ func leaseViolation(lease, pod string) string {
 	}
 	return ""
 }
-
-// Reasons of the Events that audit an override of LockGrant ownership.
-const (
-	ReasonBreakGlass        = "BreakGlass"
-	ReasonNamespaceDeletion = "NamespaceDeletion"
-)
 
 // lockGrantAuthority is why a change or delete of a LockGrant is admitted.
 type lockGrantAuthority string

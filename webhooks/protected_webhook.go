@@ -41,8 +41,8 @@ const ProtectedPath = locksv1.ProtectedWebhookPath
 // whatever the target's labels, while writes in namespaces without
 // FencedResources never depend on fencekeeper. The generated rules cover
 // ConfigMaps; an installation adds its custom kinds with every subresource.
-// +kubebuilder:webhook:path=/validate-fencekeeper-protected,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=configmaps,verbs=create;update;delete,versions=v1,name=vprotected.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchLabels":{"fencekeeper.dev/protected":"true"}},"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["fencekeeper-system"]}]}}`
-// +kubebuilder:webhook:path=/validate-fencekeeper-protected,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=configmaps,verbs=create;update;delete,versions=v1,name=vprotected-enrolled.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchExpressions":[{"key":"fencekeeper.dev/protected","operator":"NotIn","values":["true"]}]},"namespaceSelector":{"matchExpressions":[{"key":"fencekeeper.dev/enrolled","operator":"In","values":["true"]},{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["fencekeeper-system"]}]}}`
+// +kubebuilder:webhook:path=/validate-fencekeeper-protected,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=configmaps,verbs=create;update;delete,versions=v1,name=vprotected.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchLabels":{"fencekeeper.dev/protected":"true"}},"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["fencekeeper-system","kube-public","kube-system"]}]}}`
+// +kubebuilder:webhook:path=/validate-fencekeeper-protected,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups="",resources=configmaps,verbs=create;update;delete,versions=v1,name=vprotected-enrolled.fencekeeper.dev,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchExpressions":[{"key":"fencekeeper.dev/protected","operator":"NotIn","values":["true"]}]},"namespaceSelector":{"matchExpressions":[{"key":"fencekeeper.dev/enrolled","operator":"In","values":["true"]},{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["fencekeeper-system","kube-public","kube-system"]}]}}`
 
 // +kubebuilder:rbac:groups=locks.fencekeeper.dev,resources=fencedresources/status,verbs=get;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -358,7 +358,7 @@ func (v *ProtectedObjectValidator) allowTeardown(r *request, fr *locksv1.FencedR
 	if !dryRun(r.Request) {
 		// On the Namespace: a terminating namespace takes no new Events.
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.Namespace}}
-		v.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "NamespaceTeardown", "Delete",
+		v.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, locksv1.EventReasonNamespaceTeardown, "Delete",
 			"%s %s (target of FencedResource %s) deleted by the namespace controller while the namespace terminates", r.kind, r.name, fr.Name)
 	}
 	return admission.Allowed("namespace teardown: the namespace controller deletes everything in a terminating namespace")
@@ -391,8 +391,10 @@ func (v *ProtectedObjectValidator) respond(r *request, fr *locksv1.FencedResourc
 		return admission.Allowed("").WithWarnings("fencekeeper: would deny: " + d.Message)
 	}
 	if !dryRun(r.Request) {
-		v.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, string(d.Verdict), "Deny",
-			"%s of %s %s by %s denied: %s", strings.ToLower(string(r.Operation)), r.kind, r.name, r.UserInfo.Username, d.Message)
+		// The reason is CamelCase (the Kubernetes convention); the note
+		// starts with the verdict code, as the denial's message does.
+		v.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, locksv1.EventReasonWriteDenied, "Deny",
+			"%s (%s of %s %s by %s denied)", d.Message, strings.ToLower(string(r.Operation)), r.kind, r.name, r.UserInfo.Username)
 	}
 	return denied(d)
 }
@@ -434,7 +436,7 @@ func (v *ProtectedObjectValidator) observe(req *request, fr *locksv1.FencedResou
 				rec.AcceptedPayload = r.Payload
 			}
 		}
-		v.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, string(fence.Quarantined), "Quarantine", "%s", d.Message)
+		v.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, locksv1.EventReasonWriteQuarantined, "Quarantine", "%s", d.Message)
 		v.Status.observe(key, func(o *observation) { o.quarantine = append(o.quarantine, rec) })
 	case highest > fr.Status.HighestObservedFence:
 		v.Status.observe(key, func(o *observation) { o.highestFence = max(o.highestFence, highest) })

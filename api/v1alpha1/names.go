@@ -81,6 +81,11 @@ const (
 	// auditor who cannot see the manager's flags can tell a declared kind
 	// from an undeclared one.
 	AnnotationProtectedKinds = "fencekeeper.dev/protected-kinds"
+	// AnnotationWebhookShapeGeneration, on the webhook configuration, is the
+	// generation of the shape the operator that wrote it keeps
+	// (internal/operator.WebhookShapeGeneration): an operator of an older
+	// generation leaves the configuration alone, a newer one rewrites it.
+	AnnotationWebhookShapeGeneration = "fencekeeper.dev/webhook-shape-generation"
 	// ProtectedWebhookPath is where the protected-object (acceptance) webhook
 	// is served; the plugin's audit looks for it in the configuration.
 	ProtectedWebhookPath = "/validate-fencekeeper-protected"

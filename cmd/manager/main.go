@@ -17,11 +17,15 @@ import (
 
 	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/operator"
+	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
 	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
 	"github.com/fencekeeper/fencekeeper/internal/version"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "uninstall" {
+		os.Exit(uninstall(os.Args[2:], os.Stdout))
+	}
 	var o operator.Options
 	var webhookHosts string
 	var showVersion bool
@@ -50,6 +54,8 @@ func main() {
 	flag.StringVar(&o.WebhookConfiguration, "webhook-configuration", locksv1.WebhookConfigurationName, "With --self-signed-certs: the ValidatingWebhookConfiguration whose caBundle is patched.")
 	var protectedKinds string
 	flag.StringVar(&protectedKinds, "protected-kinds", "", "Comma-separated kinds the protected-object webhook checks besides ConfigMaps, as <resource>.<group>/<version> (<resource>/<version> for the core group), e.g. widgets.example.com/v1. The operator keeps the webhook rules in step; the installer grants it get on each (docs/protecting-objects.md).")
+	var exemptNamespaces string
+	flag.StringVar(&exemptNamespaces, "exempt-namespaces", "", "Comma-separated namespaces that are never enrolled, besides kube-system, kube-public and --namespace, which always are: no FencedResource may be created there and the acceptance webhook never sees their writes, so they never wait on the operator (docs/security.md).")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -74,6 +80,10 @@ func main() {
 	o.WebhookHosts = strings.Split(webhookHosts, ",")
 	if o.ProtectedKinds, err = protectedkinds.Parse(protectedKinds); err != nil {
 		setup.Error(err, "invalid --protected-kinds")
+		os.Exit(2)
+	}
+	if o.ExemptNamespaces, err = enrollment.ParseExtra(exemptNamespaces); err != nil {
+		setup.Error(err, "invalid --exempt-namespaces")
 		os.Exit(2)
 	}
 	o.MetricsInsecure = !metricsSecure

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestGoMemLimit(t *testing.T) {
 	cases := []struct {
@@ -26,5 +29,14 @@ func TestGoMemLimit(t *testing.T) {
 				t.Fatalf("goMemLimit(%d, %v, %v) = %d, %v; want %d, error %v", c.limit, c.ratio, c.envSet, got, err, c.want, c.wantErr)
 			}
 		})
+	}
+}
+
+func TestUninstallRefusesBadArguments(t *testing.T) {
+	for _, args := range [][]string{{"extra"}, {"--no-such-flag"}} {
+		var out strings.Builder
+		if code := uninstall(args, &out); code != 2 || out.Len() == 0 {
+			t.Errorf("manager uninstall %v = exit %d, output %q; want exit 2 and a message", args, code, out.String())
+		}
 	}
 }

@@ -390,7 +390,8 @@ func printEvents(ctx context.Context, out io.Writer, admin client.Client, exp *e
 	stale := false
 	for _, e := range events.Items {
 		fmt.Fprintf(out, "  %-8s %-14s %s/%s: %s\n", e.Type, e.Reason, strings.ToLower(e.InvolvedObject.Kind), e.InvolvedObject.Name, e.Message)
-		stale = stale || e.Reason == string(fence.StaleOwner)
+		// The reason is CamelCase; the note starts with the verdict code.
+		stale = stale || (e.Reason == locksv1.EventReasonWriteDenied && strings.HasPrefix(e.Message, string(fence.StaleOwner)+":"))
 	}
 	exp.check("an Event records the STALE_OWNER denial", stale, "no such Event among %d", len(events.Items))
 	return nil

@@ -137,7 +137,7 @@ func (cp *ControlPlane) warmUpWebhooks(ctx context.Context) error {
 		return err
 	}
 	probe := &locksv1.FencedResource{
-		ObjectMeta: metav1.ObjectMeta{Namespace: locksv1.DefaultNamespace, Name: "webhook-warm-up"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "webhook-warm-up"},
 		Spec:       locksv1.FencedResourceSpec{ResourceID: "fencekeeper/webhook-warm-up", LeaseDurationSeconds: 1},
 	}
 	var last error

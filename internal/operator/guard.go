@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,12 +41,6 @@ import (
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=selfsubjectreviews,verbs=create
 
 const (
-	// ReasonWebhookConfigurationDrift is the Event reason of a restored webhook configuration.
-	ReasonWebhookConfigurationDrift = "WebhookConfigurationDrift"
-	// ReasonTrustAnchorPolicyDrift is the Event reason of a restored trust-anchor policy or binding.
-	ReasonTrustAnchorPolicyDrift = "TrustAnchorPolicyDrift"
-	// ReasonProtectedKindUnreadable is the Event reason of a declared kind the operator cannot read.
-	ReasonProtectedKindUnreadable = "ProtectedKindUnreadable"
 	// AggregateToManagerLabel marks a ClusterRole whose rules the API server
 	// aggregates into the operator's protected-kinds role
 	// (config/rbac/protected_kinds_role.yaml): the installer's per-kind read access.
@@ -78,10 +73,16 @@ type GuardOptions struct {
 	// Otherwise the caBundle belongs to whoever injects it (cert-manager)
 	// and is left alone.
 	CABundle func() []byte
-	// DesiredWebhooks, when set, returns the webhooks as installed. When nil,
-	// the guard takes them from the API server the first time it runs as
-	// leader: the configuration this operator was started with.
+	// DesiredWebhooks, when set, returns the webhooks to keep. When nil,
+	// they are this version's own (ShapeWebhooks), pointed where the live
+	// configuration points the first time the guard runs as leader.
 	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
+	// ShapeGeneration is the generation of the shape this operator keeps
+	// (0: WebhookShapeGeneration); tests run an older operator with a lower one.
+	ShapeGeneration int
+	// ExemptNamespaces are excluded from the protected entries by
+	// namespaceSelector (enrollment.Exemptions.Names).
+	ExemptNamespaces []string
 	// ProtectedKinds are the declared protected kinds (--protected-kinds):
 	// the protected entries' rules are the built-in ConfigMaps rules plus one
 	// rule per kind, and nothing else.
@@ -110,6 +111,9 @@ type AdmissionGuard struct {
 	desired      []admissionregistrationv1.ValidatingWebhook
 	policySeen   bool
 	bindingSeen  bool
+	// yieldedTo is the newer generation this replica last left the
+	// configuration to (reported once per generation).
+	yieldedTo int
 }
 
 // SetupAdmissionGuard adds the guard to mgr: a cache that watches exactly its
@@ -256,11 +260,14 @@ func (g *AdmissionGuard) restoredPolicy(ctx context.Context, obj client.Object, 
 	trustAnchorPolicyRestored.Inc()
 	kind := fmt.Sprintf("%T", obj)[len("*v1."):]
 	ctrl.LoggerFrom(ctx).Info("restored the trust-anchor admission policy", "kind", kind, "name", obj.GetName(), "was", how)
-	g.recorder.Eventf(obj, nil, corev1.EventTypeWarning, ReasonTrustAnchorPolicyDrift, "Restore",
+	g.recorder.Eventf(obj, nil, corev1.EventTypeWarning, locksv1.EventReasonTrustAnchorPolicyDrift, "Restore",
 		"%s %s was %s; restored as installed by the operator", kind, obj.GetName(), how)
 }
 
-// restoreWebhooks writes the installed webhooks back when the live ones drifted.
+// restoreWebhooks writes this operator's webhooks back when the live ones
+// drifted, and rewrites a configuration of an older shape generation to its
+// own (an upgrade). It leaves a configuration of a newer generation alone:
+// that is the shape of a newer operator, and this one is on its way out.
 func (g *AdmissionGuard) restoreWebhooks(ctx context.Context) error {
 	log := ctrl.LoggerFrom(ctx)
 	var cfg admissionregistrationv1.ValidatingWebhookConfiguration
@@ -273,20 +280,30 @@ func (g *AdmissionGuard) restoreWebhooks(ctx context.Context) error {
 		}
 		return fmt.Errorf("read ValidatingWebhookConfiguration %s: %w", g.opts.WebhookConfiguration, err)
 	}
+	own := g.generation()
+	live, genErr := ShapeGeneration(&cfg)
+	if live > own {
+		g.yield(ctx, &cfg, live, own)
+		return nil
+	}
 	desired, err := g.desiredWebhooks(ctx, &cfg)
 	if err != nil {
 		return err
 	}
 	restored, drift := WebhookDrift(desired, cfg.Webhooks, g.opts.CABundle != nil)
+	if cfg.Annotations == nil {
+		cfg.Annotations = map[string]string{}
+	}
 	declared := protectedkinds.FormatList(g.opts.ProtectedKinds)
 	if v, ok := cfg.Annotations[locksv1.AnnotationProtectedKinds]; !ok || v != declared {
-		if cfg.Annotations == nil {
-			cfg.Annotations = map[string]string{}
-		}
 		cfg.Annotations[locksv1.AnnotationProtectedKinds] = declared
 		drift = append(drift, "annotation "+locksv1.AnnotationProtectedKinds)
 	}
-	if drift == nil {
+	adopted := live < own || genErr != nil
+	if adopted {
+		cfg.Annotations[locksv1.AnnotationWebhookShapeGeneration] = strconv.Itoa(own)
+	}
+	if drift == nil && !adopted {
 		return nil
 	}
 	if restored != nil {
@@ -295,30 +312,71 @@ func (g *AdmissionGuard) restoreWebhooks(ctx context.Context) error {
 	if err := g.client.Update(ctx, &cfg); err != nil { // resourceVersion precondition: a conflict retries
 		return fmt.Errorf("restore ValidatingWebhookConfiguration %s (%s): %w", cfg.Name, strings.Join(drift, ", "), err)
 	}
+	if adopted {
+		// An install or an upgrade, not tampering: no drift metric.
+		log.Info("wrote this operator's webhook shape", "name", cfg.Name, "generation", own, "from", live, "changed", drift, "annotation", genErr)
+		g.recorder.Eventf(&cfg, nil, corev1.EventTypeNormal, locksv1.EventReasonWebhookConfigurationAdopted, "Adopt",
+			"webhook shape generation %d (was %d) written by the operator: %s", own, live, describe(drift))
+		return nil
+	}
 	webhookConfigurationRestored.Inc()
 	log.Info("restored the webhook configuration as installed", "name", cfg.Name, "restored", drift)
-	g.recorder.Eventf(&cfg, nil, corev1.EventTypeWarning, ReasonWebhookConfigurationDrift, "Restore",
+	g.recorder.Eventf(&cfg, nil, corev1.EventTypeWarning, locksv1.EventReasonWebhookConfigurationDrift, "Restore",
 		"restored as installed: %s", strings.Join(drift, ", "))
 	return nil
 }
 
-// desiredWebhooks returns the installed webhooks, capturing them from live
-// the first time, with the managed caBundle when there is one.
+// describe lists what a write changed, or says it changed nothing else.
+func describe(changes []string) string {
+	if len(changes) == 0 {
+		return "no webhook changed"
+	}
+	return strings.Join(changes, ", ")
+}
+
+// generation is the shape generation this operator keeps.
+func (g *AdmissionGuard) generation() int {
+	if g.opts.ShapeGeneration > 0 {
+		return g.opts.ShapeGeneration
+	}
+	return WebhookShapeGeneration
+}
+
+// yield leaves a configuration of a newer generation alone, and says so once
+// per generation: normally a rollout in progress; if no newer operator runs,
+// someone wrote the annotation, and nothing restores the configuration.
+func (g *AdmissionGuard) yield(ctx context.Context, cfg *admissionregistrationv1.ValidatingWebhookConfiguration, live, own int) {
+	if g.yieldedTo == live {
+		return
+	}
+	g.yieldedTo = live
+	ctrl.LoggerFrom(ctx).Info("the webhook configuration has a newer operator's shape: leaving it to that operator",
+		"name", cfg.Name, "generation", live, "own", own)
+	g.recorder.Eventf(cfg, nil, corev1.EventTypeWarning, locksv1.EventReasonWebhookConfigurationDrift, "Yield",
+		"%s names webhook shape generation %d, newer than this operator's %d: left as it is. Expected while a newer operator version rolls out; "+
+			"if none runs, roll the operator forward or remove the annotation so that it is restored", locksv1.AnnotationWebhookShapeGeneration, live, own)
+}
+
+// desiredWebhooks returns the webhooks this operator keeps: its own shape,
+// pointed where the live configuration points the first time, with the
+// declared kinds' rules, the exempt namespaces excluded and the managed
+// caBundle when there is one.
 func (g *AdmissionGuard) desiredWebhooks(ctx context.Context, live *admissionregistrationv1.ValidatingWebhookConfiguration) ([]admissionregistrationv1.ValidatingWebhook, error) {
 	if g.desired == nil {
-		hooks := live.DeepCopy().Webhooks
-		if g.opts.DesiredWebhooks != nil {
-			var err error
-			if hooks, err = g.opts.DesiredWebhooks(ctx); err != nil {
-				return nil, fmt.Errorf("installed webhooks of %s: %w", g.opts.WebhookConfiguration, err)
-			}
+		hooks, err := g.shape(ctx, live)
+		if err != nil {
+			return nil, fmt.Errorf("webhooks of %s: %w", g.opts.WebhookConfiguration, err)
 		}
 		if len(hooks) == 0 {
 			return nil, fmt.Errorf("webhook configuration %s has no webhooks to keep", g.opts.WebhookConfiguration)
 		}
-		ctrl.LoggerFrom(ctx).Info("keeping the webhook configuration as installed", "name", g.opts.WebhookConfiguration, "webhooks", len(hooks),
-			"protectedKinds", protectedkinds.FormatList(g.opts.ProtectedKinds))
-		g.desired = WithProtectedKinds(hooks, g.opts.ProtectedKinds)
+		ctrl.LoggerFrom(ctx).Info("keeping the webhook configuration", "name", g.opts.WebhookConfiguration, "webhooks", len(hooks),
+			"generation", g.generation(), "protectedKinds", protectedkinds.FormatList(g.opts.ProtectedKinds), "exemptNamespaces", g.opts.ExemptNamespaces)
+		hooks = WithProtectedKinds(hooks, g.opts.ProtectedKinds)
+		if len(g.opts.ExemptNamespaces) > 0 {
+			hooks = WithExemptions(hooks, g.opts.ExemptNamespaces)
+		}
+		g.desired = hooks
 	}
 	out := make([]admissionregistrationv1.ValidatingWebhook, len(g.desired))
 	for i := range g.desired {
@@ -328,4 +386,17 @@ func (g *AdmissionGuard) desiredWebhooks(ctx context.Context, live *admissionreg
 		}
 	}
 	return out, nil
+}
+
+// shape is DesiredWebhooks, or this version's own webhooks pointed where the
+// live ones point.
+func (g *AdmissionGuard) shape(ctx context.Context, live *admissionregistrationv1.ValidatingWebhookConfiguration) ([]admissionregistrationv1.ValidatingWebhook, error) {
+	if g.opts.DesiredWebhooks != nil {
+		return g.opts.DesiredWebhooks(ctx)
+	}
+	own, err := ShapeWebhooks()
+	if err != nil {
+		return nil, err
+	}
+	return PointedLike(own, live.Webhooks)
 }

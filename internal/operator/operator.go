@@ -26,6 +26,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/certs"
+	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
 	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
@@ -86,6 +87,9 @@ type Options struct {
 	DesiredWebhooks func(ctx context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)
 	// ProtectedKinds are the declared protected kinds (--protected-kinds).
 	ProtectedKinds []schema.GroupVersionResource
+	// ExemptNamespaces are never enrolled besides kube-system, kube-public
+	// and Namespace (--exempt-namespaces, validated by enrollment.ParseExtra).
+	ExemptNamespaces []string
 	// RegistryReadFromCache breaks a safety rule on purpose: the acceptance
 	// webhook reads the registry from the informer cache instead of the API
 	// server. Only test/chaos sets it (cmd/manager built with -tags chaos),
@@ -129,8 +133,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
+	exempt := enrollment.NewExemptions(o.Namespace, o.ExemptNamespaces)
 	identity, err := controllers.Setup(ctx, mgr, controllers.Options{
 		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
+		Exempt: exempt,
 	})
 	if err != nil {
 		return fmt.Errorf("issuer: %w", err)
@@ -138,7 +144,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if o.WebhookConfiguration == "" {
 		o.WebhookConfiguration = locksv1.WebhookConfigurationName
 	}
-	if err := setupWebhooks(mgr, o); err != nil {
+	if err := setupWebhooks(mgr, o, exempt); err != nil {
 		return err
 	}
 	caBundle, err := addRotator(mgr, rotator)
@@ -147,7 +153,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	if err := SetupAdmissionGuard(mgr, GuardOptions{
 		Namespace: o.Namespace, WebhookConfiguration: o.WebhookConfiguration, CABundle: caBundle, DesiredWebhooks: o.DesiredWebhooks, ProtectedKinds: o.ProtectedKinds,
-		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername,
+		CertSecret: o.CertSecret, CertManagerUsername: o.CertManagerUsername, ExemptNamespaces: exempt.Names(),
 	}); err != nil {
 		return fmt.Errorf("admission guard: %w", err)
 	}
@@ -194,11 +200,11 @@ func newManager(cfg *rest.Config, o Options, rotator *certs.Rotator) (manager.Ma
 // setupWebhooks registers the LockGrant, FencedResource and protected-object
 // webhooks; with RegistryReadFromCache the last reads the registry from the
 // cache.
-func setupWebhooks(mgr manager.Manager, o Options) error {
+func setupWebhooks(mgr manager.Manager, o Options, exempt enrollment.Exemptions) error {
 	if err := webhooks.SetupLockGrantWebhook(mgr, o.Namespace); err != nil {
 		return fmt.Errorf("LockGrant webhook: %w", err)
 	}
-	if err := webhooks.SetupFencedResourceWebhook(mgr, o.WebhookConfiguration, o.Namespace); err != nil {
+	if err := webhooks.SetupFencedResourceWebhook(mgr, o.WebhookConfiguration, o.Namespace, exempt); err != nil {
 		return fmt.Errorf("FencedResource webhook: %w", err)
 	}
 	protected, err := webhooks.SetupProtectedWebhook(mgr, o.Namespace, o.Clock)

@@ -147,6 +147,13 @@ func normalizeWebhook(in *admissionregistrationv1.ValidatingWebhook) *admissionr
 	if w.ObjectSelector == nil {
 		w.ObjectSelector = &metav1.LabelSelector{}
 	}
+	// The values of a set expression are a set: another order is no drift
+	// (a GitOps tool or chart may list the exempt namespaces differently).
+	for _, sel := range []*metav1.LabelSelector{w.NamespaceSelector, w.ObjectSelector} {
+		for i := range sel.MatchExpressions {
+			slices.Sort(sel.MatchExpressions[i].Values)
+		}
+	}
 	if w.TimeoutSeconds == nil {
 		t := int32(10)
 		w.TimeoutSeconds = &t

@@ -307,7 +307,7 @@ func (c *Cluster) startOperators(ctx context.Context) error {
 		return err
 	}
 	probe := &locksv1.FencedResource{
-		ObjectMeta: metav1.ObjectMeta{Namespace: locksv1.DefaultNamespace, Name: "webhook-warm-up"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "webhook-warm-up"},
 		Spec:       locksv1.FencedResourceSpec{ResourceID: "fencekeeper/webhook-warm-up", LeaseDurationSeconds: 1},
 	}
 	return poll(ctx, 120*time.Second, "the operators' webhooks through both API servers", func() error {

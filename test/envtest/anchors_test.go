@@ -171,7 +171,7 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 			Eventually(func() admissionregistrationv1.ValidatingWebhook {
 				return *protectedHook(webhookConfiguration())
 			}).Should(Equal(*protectedHook(installed)), "the operator did not restore %s", field)
-			Eventually(func() []string { return driftEvents(field) }).Should(HaveLen(events0+1), "no %s Event for %s", fkoperator.ReasonWebhookConfigurationDrift, field)
+			Eventually(func() []string { return driftEvents(field) }).Should(HaveLen(events0+1), "no %s Event for %s", locksv1.EventReasonWebhookConfigurationDrift, field)
 		}
 		ignore := admissionregistrationv1.Ignore
 		tamper("failurePolicy", func(w *admissionregistrationv1.ValidatingWebhook) { w.FailurePolicy = &ignore })
@@ -344,7 +344,7 @@ func driftEvents(field string) []string {
 	Expect(admin.List(suiteCtx, &list, client.InNamespace(metav1.NamespaceDefault))).To(Succeed())
 	var out []string
 	for _, e := range list.Items {
-		if e.InvolvedObject.Name == locksv1.WebhookConfigurationName && e.Reason == fkoperator.ReasonWebhookConfigurationDrift &&
+		if e.InvolvedObject.Name == locksv1.WebhookConfigurationName && e.Reason == locksv1.EventReasonWebhookConfigurationDrift &&
 			strings.Contains(e.Message, field) {
 			out = append(out, e.Message)
 		}

@@ -163,7 +163,7 @@ var _ = Describe("the registry decides what is protected", func() {
 		Expect(t.get()).To(BeNil())
 		Expect(nsController.Delete(suiteCtx, getFR(ns, "batch"))).To(Succeed())
 		// Audited on the Namespace (its Events land in default): a terminating namespace takes no new Events.
-		Eventually(func() []string { return eventReasons("default", ns) }).Should(ContainElement("NamespaceTeardown"))
+		Eventually(func() []string { return eventReasons("default", ns) }).Should(ContainElement(locksv1.EventReasonNamespaceTeardown))
 	})
 
 	It("ends protection with a Shadow entry: its target is writable again", func() {

@@ -242,7 +242,7 @@ var _ = Describe("the acceptance webhook", func() {
 				t.deniedWith(fence.StaleOwner, func() error { return t.write(a, 2, "A: second half") })
 				Expect(t.content()).To(Equal("B: the whole batch"))
 				Eventually(func() int64 { return getFR(ns, "invoice").Status.HighestObservedFence }).Should(Equal(heldB.Status.Grant.FenceToken))
-				Eventually(func() []string { return eventReasons(ns, "invoice") }).Should(ContainElement(string(fence.StaleOwner)))
+				Eventually(func() []string { return deniedVerdicts(ns, "invoice") }).Should(ContainElement(string(fence.StaleOwner)))
 			})
 
 			It("reaches every verdict through the API server and never changes the object on a denial", func() {
@@ -440,7 +440,7 @@ var _ = Describe("the acceptance webhook", func() {
 		c := held(ns, "batch", "worker-c", "c")
 		Expect(c.Status.Grant.FenceToken).To(Equal(int64(3)), "the rewound registry reissues fence 3, which the object already accepted")
 		t.deniedWith(fence.FenceRegression, func() error { return t.write(c, 1, "c1") })
-		Eventually(func() []string { return eventReasons(ns, "batch") }).Should(ContainElement(string(fence.FenceRegression)))
+		Eventually(func() []string { return deniedVerdicts(ns, "batch") }).Should(ContainElement(string(fence.FenceRegression)))
 		var fr *locksv1.FencedResource
 		Eventually(func() string {
 			fr = getFR(ns, "batch")

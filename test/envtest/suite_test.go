@@ -33,6 +33,7 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
 	"github.com/fencekeeper/fencekeeper/webhooks"
 )
 
@@ -122,7 +123,7 @@ func startWebhookServer() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(webhooks.SetupLockGrantWebhook(mgr, opNamespace)).To(Succeed())
-	Expect(webhooks.SetupFencedResourceWebhook(mgr, locksv1.WebhookConfigurationName, opNamespace)).To(Succeed())
+	Expect(webhooks.SetupFencedResourceWebhook(mgr, locksv1.WebhookConfigurationName, opNamespace, enrollment.NewExemptions(opNamespace, nil))).To(Succeed())
 	_, err = webhooks.SetupProtectedWebhook(mgr, opNamespace, issuerClock)
 	Expect(err).NotTo(HaveOccurred())
 	mgr.GetWebhookServer().Register(holdPath, &webhook.Admission{Handler: holds})

@@ -29,7 +29,7 @@ func adoptEpoch(v *view) []Event {
 		return nil
 	}
 	h.ExpiresAt = metav1.NewMicroTime(ext)
-	return []Event{{h.GrantUID, "Normal", "LeaseExtended",
+	return []Event{{h.GrantUID, "Normal", locksv1.EventReasonLeaseExtended,
 		fmt.Sprintf("issuer epoch %d took over; lease of fence %d extended to %s", in.Epoch, h.FenceToken, ext.UTC().Format(time.RFC3339))}}
 }
 
