@@ -89,6 +89,7 @@ func TestChartSchemaRefuses(t *testing.T) {
 		{[]string{"endedGrantRetention=1day"}, []string{"at '/endedGrantRetention'"}},
 		{[]string{"tolerations[0].operator=Maybe"}, []string{"at '/tolerations/0/operator'"}},
 		{[]string{"docsBaseURL=https://example.com/docs"}, []string{"at '/docsBaseURL'"}},
+		{[]string{"image.digest=latest"}, []string{"at '/image/digest'"}},
 		{[]string{"podLabels.control-plane=x"}, []string{"podLabels.control-plane", "selector"}},
 		{[]string{"serviceMonitor.enabled=true", "certificates.mode=self-signed"}, []string{"metrics.certSecret"}},
 	} {
