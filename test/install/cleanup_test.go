@@ -372,7 +372,7 @@ func (c *devCluster) checkNothingLeft(t *testing.T) {
 			t.Errorf("LockGrant %s/%s still has finalizers %v", lg.Namespace, lg.Name, lg.Finalizers)
 		}
 	}
-	shell(t, c, "kubectl delete -f dist/chart/crds/ --wait=false")
+	shell(t, c, "kubectl delete crd fencedresources.locks.fencekeeper.dev lockgrants.locks.fencekeeper.dev --wait=false")
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
 		crds := &metav1.PartialObjectMetadataList{}
 		crds.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinitionList"))

@@ -43,7 +43,7 @@ func TestInstallYAMLIsCurrent(t *testing.T) {
 		t.Fatalf("no CRDs in config/crd/bases (%v)", err)
 	}
 	for _, c := range crds {
-		copies["config/crd/bases/"+filepath.Base(c)] = "dist/chart/crds/" + filepath.Base(c)
+		copies["config/crd/bases/"+filepath.Base(c)] = "dist/chart/files/crds/" + filepath.Base(c)
 	}
 	for src, dst := range copies {
 		a, errA := os.ReadFile(filepath.Join(root, src))
@@ -196,7 +196,7 @@ func chartProtectedKinds(t *testing.T, root string) {
 	if _, c := managerSpec(t, objs); !strings.Contains(fmt.Sprint(c["args"]), "--protected-kinds=deployments.apps/v1") {
 		t.Errorf("manager args %v lack --protected-kinds=deployments.apps/v1", c["args"])
 	}
-	if _, err := tryRenderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].resource=deployments"); err == nil || !strings.Contains(err.Error(), "version and resource") {
+	if _, err := tryRenderChart(t, root, "protectedKinds[0].group=apps", "protectedKinds[0].resource=deployments"); err == nil || !strings.Contains(err.Error(), "/protectedKinds/0") || !strings.Contains(err.Error(), "'version'") {
 		t.Errorf("a protected kind without a version rendered (err %v); want a refusal", err)
 	}
 }
@@ -204,7 +204,10 @@ func chartProtectedKinds(t *testing.T, root string) {
 // chartReplicasAndScheduling: replicas, resources, priority class, PDB and
 // spread toggles reach the Deployment and the PDB.
 func chartReplicasAndScheduling(t *testing.T, root string) {
-	objs := parse(t, renderChart(t, root, "replicas=3", "resources.limits.memory=2Gi", "priorityClassName=system-cluster-critical",
+	if pod, _ := managerSpec(t, parse(t, renderChart(t, root))); pod["priorityClassName"] != "system-cluster-critical" {
+		t.Errorf("default priorityClassName %v, want system-cluster-critical (the webhooks fail closed)", pod["priorityClassName"])
+	}
+	objs := parse(t, renderChart(t, root, "replicas=3", "resources.limits.memory=2Gi", "priorityClassName=fencekeeper-critical",
 		"topologySpread.enabled=false", "podDisruptionBudget.minAvailable=2"))
 	pod, c := managerSpec(t, objs)
 	d := find(t, objs, "Deployment fencekeeper-system/fencekeeper-controller-manager")
@@ -217,7 +220,7 @@ func chartReplicasAndScheduling(t *testing.T, root string) {
 	if _, ok := c["resources"].(map[string]any)["limits"].(map[string]any)["cpu"]; ok {
 		t.Errorf("the chart sets a CPU limit")
 	}
-	if pod["priorityClassName"] != "system-cluster-critical" {
+	if pod["priorityClassName"] != "fencekeeper-critical" {
 		t.Errorf("priorityClassName %v", pod["priorityClassName"])
 	}
 	if _, ok := pod["topologySpreadConstraints"]; ok {
@@ -258,11 +261,6 @@ func chartOptionalObjects(t *testing.T, root string) {
 			t.Errorf("default values do not render %s", k)
 		}
 	}
-	sm := find(t, on, "ServiceMonitor fencekeeper-system/fencekeeper-metrics")
-	ep := sm["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
-	if ep["scheme"] != "https" || ep["bearerTokenFile"] == nil {
-		t.Errorf("ServiceMonitor endpoint %v: want scheme https and a bearer token", ep)
-	}
 }
 
 func toStrings(v any) []string {
@@ -300,6 +298,12 @@ func TestServerSideDryRun(t *testing.T) {
 			"prometheusRule.enabled=true", "grafanaDashboard.enabled=true",
 			"serviceMonitor.prometheusServiceAccount.name=prometheus", "serviceMonitor.prometheusServiceAccount.namespace=chart-ops")},
 		{"dist/chart self-signed", "", renderChart(t, root, "certificates.mode=self-signed")},
+	}
+	for _, p := range profiles[1:] { // (the defaults are above)
+		renders = append(renders, struct {
+			name, namespace string
+			data            []byte
+		}{"dist/chart profile " + p.file, "", renderChartFiles(t, root, p.files(root))})
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -118,6 +118,8 @@ type devCluster struct {
 	admin     client.Client
 	kube      kubernetes.Interface
 	env       []string // KUBECONFIG and PATH, as the dev command prints them
+	// metricsPort is where the replica runManagerPod started serves metrics.
+	metricsPort int
 }
 
 func startBareDev(t *testing.T, root, bin string) *devCluster {
@@ -260,6 +262,7 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 		}
 	}
 	webhookPort, probePort, metricsPort := ports[0], ports[1], ports[2]
+	c.metricsPort = metricsPort
 	args := []string{fmt.Sprintf("--webhook-port=%d", webhookPort)}
 	for _, a := range container.Args {
 		a = envRef.ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })

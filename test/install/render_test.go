@@ -155,7 +155,7 @@ func helm(t *testing.T, root string) string {
 	return bin
 }
 
-// renderChart renders dist/chart with the CRDs and the given --set values.
+// renderChart renders dist/chart (its CRDs are templates) with the given --set values.
 func renderChart(t *testing.T, root string, set ...string) []byte {
 	t.Helper()
 	out, err := tryRenderChart(t, root, set...)
@@ -167,8 +167,26 @@ func renderChart(t *testing.T, root string, set ...string) []byte {
 
 func tryRenderChart(t *testing.T, root string, set ...string) ([]byte, error) {
 	t.Helper()
+	return tryRenderChartFiles(t, root, nil, set...)
+}
+
+// renderChartFiles renders dist/chart with values files (-f, in order), then --set values.
+func renderChartFiles(t *testing.T, root string, files []string, set ...string) []byte {
+	t.Helper()
+	out, err := tryRenderChartFiles(t, root, files, set...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func tryRenderChartFiles(t *testing.T, root string, files []string, set ...string) ([]byte, error) {
+	t.Helper()
 	// --kube-version: the chart requires 1.31+, and helm template has no cluster to ask.
-	args := []string{"template", "fencekeeper", filepath.Join(root, "dist", "chart"), "--include-crds", "--kube-version", helmKubeVersion}
+	args := []string{"template", "fencekeeper", filepath.Join(root, "dist", "chart"), "--kube-version", helmKubeVersion}
+	for _, f := range files {
+		args = append(args, "-f", f)
+	}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
@@ -213,16 +231,29 @@ func byKey(t *testing.T, objs []object) map[string]object {
 }
 
 // chartOnlyLabels are the labels the chart adds to object metadata for Helm
-// (release bookkeeping). They are the only allowed difference between the
-// chart and config/default: selectors and pod templates are identical, so a
-// kustomize install can be taken over by the chart without a re-created pod.
+// (release bookkeeping). With chartOnlyAnnotations they are the only allowed
+// difference between the chart and config/default: selectors and pod
+// templates are identical, so a kustomize install can be taken over by the
+// chart without a re-created pod.
 var chartOnlyLabels = []string{"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/part-of", "helm.sh/chart"}
 
-// normalize removes the chart-only labels (and a labels map they leave empty).
+// chartOnlyAnnotations are the annotations the chart adds for Helm:
+// helm.sh/resource-policy on the CRDs (crds.keep).
+var chartOnlyAnnotations = []string{"helm.sh/resource-policy"}
+
+// normalize removes the chart-only labels and annotations (and a map they leave empty).
 func normalize(o object) object {
 	meta, ok := o["metadata"].(map[string]any)
 	if !ok {
 		return o
+	}
+	if annotations, ok := meta["annotations"].(map[string]any); ok {
+		for _, a := range chartOnlyAnnotations {
+			delete(annotations, a)
+		}
+		if len(annotations) == 0 {
+			delete(meta, "annotations")
+		}
 	}
 	labels, ok := meta["labels"].(map[string]any)
 	if !ok {

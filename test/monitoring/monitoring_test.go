@@ -102,9 +102,8 @@ func unknown(exprs map[string]string, known map[string]bool) []string {
 	return out
 }
 
-// ruleExprs parses the rule file as Prometheus (and promtool) do and returns
-// every rule's expression by alert or record name.
-func ruleExprs(t *testing.T) map[string]string {
+// ruleGroups parses the rule file as Prometheus (and promtool) do.
+func ruleGroups(t *testing.T) []rulefmt.RuleGroup {
 	t.Helper()
 	groups, errs := rulefmt.ParseFile(rulesFile, false, model.UTF8Validation, promql, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for _, err := range errs {
@@ -113,12 +112,34 @@ func ruleExprs(t *testing.T) map[string]string {
 	if groups == nil || t.Failed() {
 		t.FailNow()
 	}
+	return groups.Groups
+}
+
+// rules are the rule file's rules, every group's.
+func rules(t *testing.T) []rulefmt.Rule {
+	t.Helper()
+	var out []rulefmt.Rule
+	for _, g := range ruleGroups(t) {
+		out = append(out, g.Rules...)
+	}
+	return out
+}
+
+// ruleExprs returns every rule's expression by group and alert or record
+// name; an alert needs a severity, a summary and a runbook_url (Alertmanager
+// and Grafana link the runbook_url annotation; TestRunbookURLsResolve
+// checks where it points).
+func ruleExprs(t *testing.T) map[string]string {
+	t.Helper()
 	exprs := map[string]string{}
-	for _, g := range groups.Groups {
+	for _, g := range ruleGroups(t) {
 		for _, r := range g.Rules {
 			name := r.Alert + r.Record
-			if r.Alert != "" && (r.Labels["severity"] == "" || r.Annotations["runbook"] == "" || r.Annotations["summary"] == "") {
-				t.Errorf("alert %s: needs a severity label and summary and runbook annotations", name)
+			if r.Alert != "" && (r.Labels["severity"] == "" || r.Annotations["runbook_url"] == "" || r.Annotations["summary"] == "") {
+				t.Errorf("alert %s: needs a severity label and summary and runbook_url annotations", name)
+			}
+			if _, ok := r.Annotations["runbook"]; ok {
+				t.Errorf("alert %s: the annotation is runbook_url, not runbook", name)
 			}
 			exprs[g.Name+"/"+name] = r.Expr
 		}
@@ -188,9 +209,15 @@ func dashboardExprs(t *testing.T) map[string]string {
 
 func TestRulesParseAndUseRegisteredMetrics(t *testing.T) {
 	known := registered(t)
+	// The API server's admission-webhook metrics: the alerts on its calls to
+	// fencekeeper's webhooks (TestAPIServerWebhookAlerts checks their labels).
+	for name := range apiserverWebhookMetrics(t) {
+		known[name] = true
+	}
 	exprs := ruleExprs(t)
 	for _, want := range []string{"FencekeeperFenceRegression", "FencekeeperUnresolvedMutationsOverdue", "FencekeeperWebhookErrors",
-		"FencekeeperWebhookSlow", "FencekeeperEnforceDenialSpike", "FencekeeperWebhookConfigurationDrift"} {
+		"FencekeeperWebhookSlow", "FencekeeperEnforceDenialSpike", "FencekeeperWebhookConfigurationDrift",
+		"FencekeeperWebhookCallsFailing", "FencekeeperWebhookSlowAtAPIServer"} {
 		if !slices.ContainsFunc(slices.Collect(maps.Keys(exprs)), func(k string) bool { return strings.HasSuffix(k, "/"+want) }) {
 			t.Errorf("no alert %s in %s", want, rulesFile)
 		}

@@ -25,7 +25,27 @@ control-plane: controller-manager
 {{- printf "fencekeeper-webhook-service.%s.svc" (include "fencekeeper.namespace" .) -}}
 {{- end -}}
 
+{{- /* The Secret the metrics endpoint serves its certificate from (tls.crt,
+tls.key, ca.crt), or "" for the certificate each replica generates: the
+installer's metrics.certSecret, else the one cert-manager issues for a
+ServiceMonitor to verify. */ -}}
+{{- define "fencekeeper.metricsCertSecret" -}}
+{{- if .Values.metrics.certSecret -}}
+{{- .Values.metrics.certSecret -}}
+{{- else if and .Values.serviceMonitor.enabled (eq .Values.certificates.mode "cert-manager") -}}
+fencekeeper-metrics-server-cert
+{{- end -}}
+{{- end -}}
+
 {{- define "fencekeeper.validate" -}}
+{{- if and .Values.serviceMonitor.enabled (not (include "fencekeeper.metricsCertSecret" .)) -}}
+{{- fail "serviceMonitor.enabled with certificates.mode=self-signed: set metrics.certSecret to a Secret in the operator namespace with tls.crt, tls.key and ca.crt for the metrics endpoint, so that Prometheus can verify it (docs/monitoring.md, \"Scraping\"); without cert-manager the chart cannot issue one" -}}
+{{- end -}}
+{{- range $k, $_ := include "fencekeeper.selector" . | fromYaml }}
+{{- if hasKey $.Values.podLabels $k }}
+{{- fail (printf "podLabels.%s: %s is the Deployment's selector label, which the chart sets; use another label" $k $k) }}
+{{- end }}
+{{- end }}
 {{- if not (has .Values.certificates.mode (list "cert-manager" "self-signed")) -}}
 {{- fail (printf "certificates.mode=%q: use cert-manager or self-signed" .Values.certificates.mode) -}}
 {{- end -}}
