@@ -1,6 +1,7 @@
 package install
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -355,6 +356,30 @@ func checkExemptionsProfile(t *testing.T, objs []object) {
 	if v := flagValues(args(t, objs), "exempt-namespaces"); !slices.Equal(v, []string{"monitoring,kube-node-lease"}) {
 		t.Errorf("--exempt-namespaces=%v, want [monitoring,kube-node-lease]", v)
 	}
+	// The configuration lists them as the operator keeps it, or a GitOps
+	// tool and the operator would rewrite each other's selector.
+	cfg := find(t, objs, "ValidatingWebhookConfiguration /fencekeeper-validating-webhook-configuration")
+	excluded := 0
+	for _, w := range at(cfg, "webhooks").([]any) {
+		for _, e := range asList(at(w, "namespaceSelector", "matchExpressions")) {
+			if at(e, "key") != "kubernetes.io/metadata.name" {
+				continue
+			}
+			excluded++
+			values := fmt.Sprint(at(e, "values"))
+			if values != "[fencekeeper-system kube-public kube-system monitoring kube-node-lease]" {
+				t.Errorf("webhook %v excludes namespaces %s, want the operator's, kube-public, kube-system, then the exempt ones", at(w, "name"), values)
+			}
+		}
+	}
+	if excluded == 0 {
+		t.Error("no webhook excludes namespaces by name")
+	}
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
 }
 
 func checkExtraProfile(t *testing.T, objs []object) {
