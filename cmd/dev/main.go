@@ -1,5 +1,6 @@
 // Command dev runs fencekeeper's local development environment (make dev): the
-// embedded control plane (etcd and kube-apiserver from bin/k8s), the CRDs,
+// embedded control plane (etcd, kube-apiserver and kube-controller-manager's
+// namespace and garbage-collector controllers, from bin/k8s), the CRDs,
 // webhook configuration and RBAC of an installation, and the operator with
 // self-managed webhook certificates. It writes kubeconfigs, prints how to use
 // them, and runs until interrupted; then it stops every process it started.
@@ -50,13 +51,13 @@ func run(ctx context.Context, dir, metricsAddr string, bare bool) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println("Starting etcd and kube-apiserver…")
-	cp, err := localcp.Start(ctx, localcp.Options{Bare: bare})
+	fmt.Println("Starting etcd, kube-apiserver and kube-controller-manager…")
+	cp, err := localcp.Start(ctx, localcp.Options{Bare: bare, ControllerManager: true})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		fmt.Println("Stopping kube-apiserver and etcd…")
+		fmt.Println("Stopping kube-controller-manager, kube-apiserver and etcd…")
 		if err := cp.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "stop the control plane:", err)
 		}
