@@ -169,10 +169,10 @@ demo: control-plane controller-manager ## The stale-owner story end to end on th
 	go run ./cmd/demo
 
 .PHONY: dev
-dev: control-plane controller-manager ## Embedded control plane + operator (self-signed webhook certs); prints the KUBECONFIG to export; Ctrl-C stops everything (BARE=1: an empty cluster to install into).
+dev: control-plane controller-manager ## Embedded control plane + operator (self-signed webhook certs); prints the KUBECONFIG to export; Ctrl-C stops everything (PROTECTED_KINDS=widgets.example.com/v1,…: custom kinds to protect; BARE=1: an empty cluster to install into).
 	go build -o bin/kubectl-fence ./cmd/kubectl-fence
 	go build -o bin/fencekeeper-dev ./cmd/dev
-	bin/fencekeeper-dev $(if $(BARE),-bare)
+	bin/fencekeeper-dev $(if $(BARE),-bare) $(if $(PROTECTED_KINDS),-protected-kinds=$(PROTECTED_KINDS))
 
 .PHONY: gates
 gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n replays one with its trace; BASE_SEED=n, SCHEDULES=n).
