@@ -29,11 +29,11 @@ const (
 	ControllerManagerUser = "system:kube-controller-manager"
 )
 
-// controllerServiceAccounts are the kube-system service accounts the two
-// controllers act as (--use-service-account-credentials): the namespace
-// controller is the user the webhooks let empty a terminating namespace
-// (api/v1alpha1 NamespaceControllerUsername).
-var controllerServiceAccounts = []string{"namespace-controller", "generic-garbage-collector"}
+// ControllerServiceAccounts are the kube-system service accounts the two
+// controllers act as (--use-service-account-credentials), each created as its
+// controller starts: the namespace controller is the user the webhooks let
+// empty a terminating namespace (api/v1alpha1 NamespaceControllerUsername).
+var ControllerServiceAccounts = []string{"namespace-controller", "generic-garbage-collector"}
 
 // ControllerManagerArgs are kube-controller-manager's flags: only the
 // namespace and garbage-collector controllers, each acting as its own service
@@ -102,7 +102,7 @@ func StartControllerManager(ctx context.Context, assets string, kubeconfig []byt
 // (it does so as it starts), failing early if the process exits.
 func (m *ControllerManager) waitStarted(ctx context.Context, admin client.Reader) error {
 	deadline := time.Now().Add(60 * time.Second)
-	for _, name := range controllerServiceAccounts {
+	for _, name := range ControllerServiceAccounts {
 		for {
 			select {
 			case <-m.exited:
