@@ -57,6 +57,10 @@ vet: ## go vet
 control-plane: ## Build etcd and kube-apiserver into bin/k8s (no-op when present).
 	hack/build-control-plane.sh
 
+.PHONY: controller-manager
+controller-manager: ## Build kube-controller-manager into bin/k8s (no-op when present): dev, demo, test and chaos run its namespace and garbage-collector controllers.
+	hack/build-control-plane.sh kube-controller-manager
+
 .PHONY: api-docs
 api-docs: manifests ## Regenerate docs/api-reference.md from the CRDs (go test ./internal/apidocs checks it is current).
 	go test ./internal/apidocs -count=1 -run TestReferenceIsCurrent -update
@@ -72,7 +76,7 @@ verify-generated: manifests generate ## Fail if generated files are out of date.
 	@test -z "$$(git status --porcelain -- config api)" || { git status --short -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }
 
 .PHONY: test
-test: control-plane manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
+test: control-plane controller-manager manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
 	go test -race -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/)
 	go test -v -count=1 -timeout 30m $(GO_TEST_FLAGS) $$(go list ./test/... | grep -v /test/chaos) # includes test/ha (two manager processes, ~75 s) and test/bench (quick bench, quick soak: ~3 min)
 	go test -v -count=1 -timeout 10m $(GO_TEST_FLAGS) ./test/chaos # make chaos cut down: one 30 s schedule, ~75 s; alone, as it loads both cores
@@ -168,21 +172,21 @@ undeploy: ## Remove the operator (delete FencedResources and LockGrants first: d
 ##@ Stories
 
 .PHONY: demo
-demo: control-plane ## The stale-owner story end to end on the embedded control plane (exits 0 only if every expected verdict happened).
+demo: control-plane controller-manager ## The stale-owner story end to end on the embedded control plane (exits 0 only if every expected verdict happened).
 	go run ./cmd/demo
 
 .PHONY: dev
-dev: control-plane ## Embedded control plane + operator (self-signed webhook certs); prints the KUBECONFIG to export; Ctrl-C stops everything (BARE=1: an empty cluster to install into).
+dev: control-plane controller-manager ## Embedded control plane + operator (self-signed webhook certs); prints the KUBECONFIG to export; Ctrl-C stops everything (PROTECTED_KINDS=widgets.example.com/v1,…: custom kinds to protect; BARE=1: an empty cluster to install into).
 	go build -o bin/kubectl-fence ./cmd/kubectl-fence
 	go build -o bin/fencekeeper-dev ./cmd/dev
-	bin/fencekeeper-dev $(if $(BARE),-bare)
+	bin/fencekeeper-dev $(if $(BARE),-bare) $(if $(PROTECTED_KINDS),-protected-kinds=$(PROTECTED_KINDS))
 
 .PHONY: gates
 gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n replays one with its trace; BASE_SEED=n, SCHEDULES=n).
 	go run ./test/sim/cmd/gates -schedules=$(or $(SCHEDULES),100000) $(if $(BASE_SEED),-base-seed=$(BASE_SEED)) $(if $(SEED),-seed=$(SEED))
 
 .PHONY: chaos
-chaos: control-plane ## Fault schedules on a replicated control plane (3 etcd, 2 apiservers, 2 operators, own netns each; needs root): SEED=n replays one, CHAOS_SCHEDULES=n runs more, BROKEN=cached-registry-read.
+chaos: control-plane controller-manager ## Fault schedules on a replicated control plane (3 etcd, 2 apiservers, 2 operators, own netns each; needs root): SEED=n replays one, CHAOS_SCHEDULES=n runs more, BROKEN=cached-registry-read.
 	go run ./test/chaos/cmd/chaos -schedules=$(or $(CHAOS_SCHEDULES),$(if $(SEED),1,6)) $(if $(SEED),-seed=$(SEED)) $(if $(BROKEN),-broken=$(BROKEN))
 
 .PHONY: bench

@@ -52,8 +52,8 @@ const (
 // and stops everything.
 func Main(ctx context.Context, out io.Writer) (err error) {
 	start := time.Now()
-	fmt.Fprintln(out, "Starting the embedded control plane (etcd, kube-apiserver) and the fencekeeper operator…")
-	cp, err := localcp.Start(ctx, localcp.Options{})
+	fmt.Fprintln(out, "Starting the embedded control plane (etcd, kube-apiserver, kube-controller-manager) and the fencekeeper operator…")
+	cp, err := localcp.Start(ctx, localcp.Options{ControllerManager: true})
 	if err != nil {
 		return err
 	}

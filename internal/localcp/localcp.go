@@ -1,7 +1,8 @@
 // Package localcp runs fencekeeper's embedded local control plane: a real
 // etcd and kube-apiserver (the binaries hack/build-control-plane.sh builds into
-// bin/k8s), with the CRDs, the webhook configuration and the RBAC of an
-// installation, and distinct authenticated users: the operator's service
+// bin/k8s) and, when asked, kube-controller-manager's namespace and
+// garbage-collector controllers, with the CRDs, the webhook configuration and
+// the RBAC of an installation, and distinct authenticated users: the operator's service
 // account bound only to the generated role, and workers bound to the
 // lockgrant-requester role. The envtest suites, make demo, make dev and the
 // benchmarks all start it the same way.
@@ -63,6 +64,12 @@ type Options struct {
 	// their EndpointSlices (--enable-aggregator-routing), since there is no
 	// cluster DNS or kube-proxy: whoever runs a pod publishes its address.
 	Bare bool
+	// ControllerManager also runs kube-controller-manager (from Assets) with
+	// its namespace and garbage-collector controllers, so that a deleted
+	// namespace is emptied and removed, and dependents of a deleted owner are
+	// collected, as in a cluster. make dev, make demo and the envtest suite
+	// run it; without it a deleted namespace stays Terminating.
+	ControllerManager bool
 }
 
 // ControlPlane is a running local control plane.
@@ -73,28 +80,15 @@ type ControlPlane struct {
 	Admin, Operator *rest.Config
 	root            string
 	opts            Options
+	kcm             *ControllerManager
 }
 
-// Start starts etcd and kube-apiserver, installs the CRDs, the operator's
-// namespace and RBAC, and the operator user.
+// Start starts etcd, kube-apiserver and (Options.ControllerManager)
+// kube-controller-manager, installs the CRDs, the operator's namespace and
+// RBAC, and the operator user.
 func Start(ctx context.Context, o Options) (*ControlPlane, error) {
-	if o.Root == "" {
-		r, err := RepoRoot()
-		if err != nil {
-			return nil, err
-		}
-		o.Root = r
-	}
-	if o.Assets == "" {
-		o.Assets = os.Getenv("KUBEBUILDER_ASSETS")
-	}
-	if o.Assets == "" {
-		o.Assets = filepath.Join(o.Root, "bin", "k8s")
-	}
-	for _, bin := range []string{"etcd", "kube-apiserver"} {
-		if _, err := os.Stat(filepath.Join(o.Assets, bin)); err != nil {
-			return nil, fmt.Errorf("%s is not built in %s: run `make control-plane` (hack/build-control-plane.sh) first", bin, o.Assets)
-		}
+	if err := o.complete(); err != nil {
+		return nil, err
 	}
 	cp := &ControlPlane{Scheme: locksv1.Scheme, root: o.Root, opts: o}
 	crds := append([]string{filepath.Join(o.Root, "config", "crd", "bases")}, o.CRDDirs...)
@@ -120,18 +114,72 @@ func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 	if cp.Admin, err = cp.Env.Start(); err != nil {
 		return nil, fmt.Errorf("start the control plane: %w", err)
 	}
+	if o.ControllerManager {
+		if err := cp.startControllerManager(ctx); err != nil {
+			_ = cp.Env.Stop()
+			return nil, err
+		}
+	}
 	if o.Bare {
 		return cp, nil
 	}
 	if err := cp.install(ctx); err != nil {
-		_ = cp.Env.Stop()
+		_ = cp.Stop()
 		return nil, err
 	}
 	return cp, nil
 }
 
-// Stop stops kube-apiserver and etcd and removes their data.
-func (cp *ControlPlane) Stop() error { return cp.Env.Stop() }
+// complete fills in the defaults and checks the binaries are built.
+func (o *Options) complete() error {
+	if o.Root == "" {
+		r, err := RepoRoot()
+		if err != nil {
+			return err
+		}
+		o.Root = r
+	}
+	if o.Assets == "" {
+		o.Assets = os.Getenv("KUBEBUILDER_ASSETS")
+	}
+	if o.Assets == "" {
+		o.Assets = filepath.Join(o.Root, "bin", "k8s")
+	}
+	for _, bin := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(o.Assets, bin)); err != nil {
+			return fmt.Errorf("%s is not built in %s: run `make control-plane` (hack/build-control-plane.sh) first", bin, o.Assets)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(o.Assets, ControllerManagerBinary)); o.ControllerManager && err != nil {
+		return fmt.Errorf("%s is not built in %s: run `make controller-manager` (hack/build-control-plane.sh kube-controller-manager) first", ControllerManagerBinary, o.Assets)
+	}
+	return nil
+}
+
+// startControllerManager runs kube-controller-manager as its own user, its
+// output going where the API server's goes (envtest's
+// KUBEBUILDER_ATTACH_CONTROL_PLANE_OUTPUT; otherwise only into errors).
+func (cp *ControlPlane) startControllerManager(ctx context.Context) error {
+	user, err := cp.AddUser(ControllerManagerUser)
+	if err != nil {
+		return err
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	admin, err := cp.AdminClient()
+	if err != nil {
+		return err
+	}
+	cp.kcm, err = StartControllerManager(ctx, cp.opts.Assets, kubeconfig, cp.Env.ControlPlane.GetAPIServer().Err, admin)
+	return err
+}
+
+// Stop stops kube-controller-manager, kube-apiserver and etcd and removes their data.
+func (cp *ControlPlane) Stop() error {
+	return errors.Join(cp.kcm.Stop(), cp.Env.Stop())
+}
 
 // Root is the repository root the manifests were read from.
 func (cp *ControlPlane) Root() string { return cp.root }

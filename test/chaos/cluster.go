@@ -49,6 +49,7 @@ type Cluster struct {
 	broken BrokenRules
 
 	etcd, apis, fronts, ops []*proc
+	kcm                     *proc    // kube-controller-manager, beside api-1; not a nemesis target
 	servers                 []string // https://<api ip>:6443
 	skewFiles               []string // per operator
 	admin                   *user
@@ -56,8 +57,8 @@ type Cluster struct {
 	workerNodes             []*node
 }
 
-// Binaries the cluster runs: etcd and kube-apiserver from bin/k8s, the
-// manager built with -tags chaos, and this program (front end and workers).
+// Binaries the cluster runs: etcd, kube-apiserver and kube-controller-manager
+// from bin/k8s, the manager built with -tags chaos, and this program (front end and workers).
 type Binaries struct {
 	Assets, Manager, Self string
 }
@@ -96,6 +97,9 @@ func startCluster(ctx context.Context, root, dir string, netID, workers int, bin
 		return nil, err
 	}
 	if err := c.install(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startControllerManager(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.startOperators(ctx); err != nil {
@@ -261,6 +265,36 @@ func (c *Cluster) install(ctx context.Context) error {
 	return localcp.InstallWebhooks(ctx, admin, hooks, "127.0.0.1", webhookPort)
 }
 
+// startControllerManager runs kube-controller-manager's namespace and
+// garbage-collector controllers (localcp's flags) on api-1's node against
+// api-1, as the local control plane does, and waits until both started.
+func (c *Cluster) startControllerManager(ctx context.Context) error {
+	u, err := c.pki.user(c.dir, localcp.ControllerManagerUser, nil, c.servers)
+	if err != nil {
+		return err
+	}
+	c.kcm = &proc{name: "kube-controller-manager", node: c.node("api-1"), logPath: filepath.Join(c.dir, "kube-controller-manager.log"),
+		argv: append([]string{filepath.Join(c.bins.Assets, localcp.ControllerManagerBinary)}, localcp.ControllerManagerArgs(u.kubeconfigs[0])...)}
+	if err := c.kcm.start(); err != nil {
+		return err
+	}
+	admin, err := c.adminClient(0)
+	if err != nil {
+		return err
+	}
+	return poll(ctx, 60*time.Second, "kube-controller-manager's controllers (service accounts "+strings.Join(localcp.ControllerServiceAccounts, ", ")+")", func() error {
+		if !c.kcm.running() {
+			return errors.New("kube-controller-manager exited: see " + c.kcm.logPath)
+		}
+		for _, sa := range localcp.ControllerServiceAccounts {
+			if err := admin.Get(ctx, client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: sa}, &corev1.ServiceAccount{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func (c *Cluster) startOperators(ctx context.Context) error {
 	opUser, err := c.pki.user(c.dir, locksv1.OperatorUsername(locksv1.DefaultNamespace), nil, c.servers)
 	if err != nil {
@@ -331,9 +365,11 @@ func (c *Cluster) adminClient(i int) (client.WithWatch, error) {
 
 // Stop stops every process and removes the network.
 func (c *Cluster) Stop() {
-	for _, group := range [][]*proc{c.ops, c.fronts, c.apis, c.etcd} {
+	for _, group := range [][]*proc{c.ops, c.fronts, {c.kcm}, c.apis, c.etcd} {
 		for _, p := range group {
-			p.stop(5 * time.Second)
+			if p != nil {
+				p.stop(5 * time.Second)
+			}
 		}
 	}
 	if c.net != nil {

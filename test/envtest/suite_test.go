@@ -1,7 +1,9 @@
 // Package envtest runs fencekeeper against a real kube-apiserver and etcd
-// (the binaries hack/build-control-plane.sh builds into bin/k8s). The issuer
-// and the webhooks run in-process as real, distinct, RBAC-limited users, and
-// workers act through their own authenticated clients.
+// (the binaries hack/build-control-plane.sh builds into bin/k8s), with
+// kube-controller-manager's namespace and garbage-collector controllers, so
+// namespace teardown takes its real path. The issuer and the webhooks run
+// in-process as real, distinct, RBAC-limited users, and workers act through
+// their own authenticated clients.
 package envtest
 
 import (
@@ -79,6 +81,9 @@ var _ = BeforeSuite(func() {
 		CRDDirs:         []string{filepath.Join(root, "test", "envtest", "testdata")},
 		ProtectedKinds:  suiteKinds,
 		EnvtestWebhooks: true,
+		// Its namespace controller empties deleted namespaces through the
+		// webhooks as system:serviceaccount:kube-system:namespace-controller.
+		ControllerManager: true,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	testEnv, adminCfg, opCfg, scheme = cp.Env, cp.Admin, cp.Operator, cp.Scheme
