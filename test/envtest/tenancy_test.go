@@ -162,7 +162,7 @@ var _ = Describe("LockGrant tenancy", func() {
 		}, 30*time.Second).Should(BeTrue(), "namespace %s was not deleted", ns)
 		// A terminating namespace takes no new Events: the audit record is
 		// about the Namespace, so it lands in the default namespace.
-		Eventually(func() []string { return eventNotes(metav1.NamespaceDefault, ns, "NamespaceDeletion") }).Should(
+		Eventually(func() []string { return eventNotes(metav1.NamespaceDefault, ns, locksv1.EventReasonNamespaceDeletion) }).Should(
 			ContainElement(And(ContainSubstring(held.Name), ContainSubstring(`"worker-a"`))))
 	})
 })
