@@ -10,7 +10,10 @@ LDFLAGS ?= -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Commit=$(COMMI
 # The release dist/ describes (one source: the chart's appVersion). The
 # default image is that release's; dist/install.yaml is committed for it.
 RELEASE ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' dist/chart/Chart.yaml)
-IMG ?= fencekeeper/manager:$(RELEASE)
+# The manager image, fully qualified: CRI-O in enforcing short-name mode
+# refuses a name without a registry host.
+REGISTRY ?= ghcr.io/fencekeeper
+IMG ?= $(REGISTRY)/manager:$(RELEASE)
 # Helm is built from the module proxy into bin/tools once (not a go.mod dependency).
 HELM_VERSION ?= v3.22.0
 # (go install does not stamp helm's version: the version is in the file name.)
