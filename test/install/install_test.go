@@ -24,7 +24,7 @@ import (
 // copies of generated files are what make build-installer writes today.
 func TestInstallYAMLIsCurrent(t *testing.T) {
 	root := repoRoot(t)
-	img := "fencekeeper/manager:" + release(t, root)
+	img := "ghcr.io/fencekeeper/manager:" + release(t, root)
 	committed, err := os.ReadFile(filepath.Join(root, "dist", "install.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestInstallYAMLIsCurrent(t *testing.T) {
 // config/default, field for field, except the labels in chartOnlyLabels.
 func TestChartMatchesKustomize(t *testing.T) {
 	root := repoRoot(t)
-	img := "fencekeeper/manager:" + release(t, root)
+	img := "ghcr.io/fencekeeper/manager:" + release(t, root)
 	// The uninstall cleanup's hook objects are the chart's own (cleanup_test.go).
 	compare(t, "config/default", parse(t, renderKustomize(t, root, img, "")), "dist/chart", withoutHooks(parse(t, renderChart(t, root))))
 
@@ -279,7 +279,7 @@ func toStrings(v any) []string {
 // (their names and kinds are checked, not their specs).
 func TestServerSideDryRun(t *testing.T) {
 	root := repoRoot(t)
-	img := "fencekeeper/manager:" + release(t, root)
+	img := "ghcr.io/fencekeeper/manager:" + release(t, root)
 	// Render first: helm's first build must not eat the control plane's time.
 	installYAML, err := os.ReadFile(filepath.Join(root, "dist", "install.yaml"))
 	if err != nil {

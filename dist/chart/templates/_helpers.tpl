@@ -18,7 +18,7 @@ control-plane: controller-manager
 {{- end -}}
 
 {{- define "fencekeeper.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- if .Values.image.digest -}}{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}{{- else -}}{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}{{- end -}}
 {{- end -}}
 
 {{- define "fencekeeper.serviceHost" -}}
