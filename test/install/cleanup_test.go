@@ -26,7 +26,6 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
 // withoutHooks drops the chart's Helm hook objects (the uninstall cleanup),
@@ -198,34 +197,9 @@ func (r *replica) stop(sig syscall.Signal) {
 // replicas. It (re)publishes the webhook Service's EndpointSlice.
 func (c *devCluster) startReplica(t *testing.T, bin string) *replica {
 	t.Helper()
-	var d appsv1.Deployment
-	if err := c.admin.Get(context.Background(), client.ObjectKey{Namespace: locksv1.DefaultNamespace, Name: "fencekeeper-controller-manager"}, &d); err != nil {
-		t.Fatalf("the installation has no manager Deployment: %v", err)
-	}
-	container := d.Spec.Template.Spec.Containers[0]
-	podDir := t.TempDir()
-	env, vars := podEnv(t, &d, container)
-	env = append(env, "KUBECONFIG="+c.serviceAccountKubeconfig(t, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, podDir))
-	mounts := c.secretVolumes(t, &d, container, podDir)
-	var ports [3]int
-	for i := range ports {
-		var err error
-		if ports[i], err = localcp.FreePort(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	args := []string{fmt.Sprintf("--webhook-port=%d", ports[0])}
-	for _, a := range container.Args {
-		a = envRef.ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
-		for path, dir := range mounts {
-			a = strings.ReplaceAll(a, path, dir)
-		}
-		a = strings.Replace(a, "--health-probe-bind-address=:8081", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]), 1)
-		a = strings.Replace(a, "--metrics-bind-address=:8443", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[2]), 1)
-		args = append(args, a)
-	}
-	r := &replica{cmd: exec.Command(filepath.Join(bin, "manager"), args...), exited: make(chan struct{}), log: filepath.Join(podDir, "manager.log")}
-	r.cmd.Env = env
+	p := c.managerPod(t)
+	r := &replica{cmd: exec.Command(filepath.Join(bin, "manager"), p.args...), exited: make(chan struct{}), log: filepath.Join(p.dir, "manager.log")}
+	r.cmd.Env = p.env
 	logs, err := os.Create(r.log)
 	if err != nil {
 		t.Fatal(err)
@@ -242,8 +216,8 @@ func (c *devCluster) startReplica(t *testing.T, bin string) *replica {
 			t.Logf("manager replica:\n%s", tail(data, 40))
 		}
 	})
-	c.republishEndpoint(t, d.Namespace, ports[0])
-	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d%s", ports[1], container.ReadinessProbe.HTTPGet.Path))
+	c.republishEndpoint(t, p.namespace, p.webhookPort)
+	waitReady(t, p.readyURL())
 	return r
 }
 

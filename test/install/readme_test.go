@@ -235,10 +235,18 @@ func (c *devCluster) issueCertificates(t *testing.T) {
 	}
 }
 
-// runManagerPod does the kubelet's part for one replica of the installed
-// manager Deployment, and the EndpointSlice controller's for the webhook
-// Service, and waits until the replica is ready.
-func (c *devCluster) runManagerPod(t *testing.T, bin string) {
+// managerPod is what the kubelet would run for one replica of the installed
+// manager Deployment: the container's args with its environment resolved,
+// secret volumes in a directory of their own and the ports moved to free
+// loopback ones (the "pod" shares the host's network).
+type managerPod struct {
+	namespace                           string
+	args, env                           []string
+	dir, readyPath                      string
+	webhookPort, probePort, metricsPort int
+}
+
+func (c *devCluster) managerPod(t *testing.T) managerPod {
 	t.Helper()
 	var d appsv1.Deployment
 	if err := c.admin.Get(context.Background(), client.ObjectKey{Namespace: locksv1.DefaultNamespace, Name: "fencekeeper-controller-manager"}, &d); err != nil {
@@ -250,32 +258,43 @@ func (c *devCluster) runManagerPod(t *testing.T, bin string) {
 	if len(container.Command) > 0 {
 		t.Fatalf("the manager container sets a command this kubelet cannot run: %q", container.Command)
 	}
-	podDir := t.TempDir()
+	p := managerPod{namespace: d.Namespace, dir: t.TempDir(), readyPath: container.ReadinessProbe.HTTPGet.Path}
 	env, vars := podEnv(t, &d, container)
-	env = append(env, "KUBECONFIG="+c.serviceAccountKubeconfig(t, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, podDir))
-	mounts := c.secretVolumes(t, &d, container, podDir)
-	var ports [3]int
-	for i := range ports {
+	p.env = append(env, "KUBECONFIG="+c.serviceAccountKubeconfig(t, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, p.dir))
+	mounts := c.secretVolumes(t, &d, container, p.dir)
+	for _, port := range []*int{&p.webhookPort, &p.probePort, &p.metricsPort} {
 		var err error
-		if ports[i], err = localcp.FreePort(); err != nil {
+		if *port, err = localcp.FreePort(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	webhookPort, probePort, metricsPort := ports[0], ports[1], ports[2]
-	c.metricsPort = metricsPort
-	args := []string{fmt.Sprintf("--webhook-port=%d", webhookPort)}
+	p.args = []string{fmt.Sprintf("--webhook-port=%d", p.webhookPort)}
 	for _, a := range container.Args {
 		a = envRef.ReplaceAllStringFunc(a, func(ref string) string { return vars[ref[2:len(ref)-1]] })
 		for path, dir := range mounts {
 			a = strings.ReplaceAll(a, path, dir)
 		}
-		a = strings.Replace(a, "--health-probe-bind-address=:8081", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort), 1)
-		a = strings.Replace(a, "--metrics-bind-address=:8443", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), 1)
-		args = append(args, a)
+		a = strings.Replace(a, "--health-probe-bind-address=:8081", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", p.probePort), 1)
+		a = strings.Replace(a, "--metrics-bind-address=:8443", fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", p.metricsPort), 1)
+		p.args = append(p.args, a)
 	}
-	startProcess(t, filepath.Join(bin, "manager"), args, env, filepath.Join(podDir, "manager.log"))
-	c.publishEndpoint(t, d.Namespace, webhookPort)
-	waitReady(t, fmt.Sprintf("http://127.0.0.1:%d%s", probePort, container.ReadinessProbe.HTTPGet.Path))
+	return p
+}
+
+func (p managerPod) readyURL() string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", p.probePort, p.readyPath)
+}
+
+// runManagerPod does the kubelet's part for one replica of the installed
+// manager Deployment, and the EndpointSlice controller's for the webhook
+// Service, and waits until the replica is ready.
+func (c *devCluster) runManagerPod(t *testing.T, bin string) {
+	t.Helper()
+	p := c.managerPod(t)
+	c.metricsPort = p.metricsPort
+	startProcess(t, filepath.Join(bin, "manager"), p.args, p.env, filepath.Join(p.dir, "manager.log"))
+	c.publishEndpoint(t, p.namespace, p.webhookPort)
+	waitReady(t, p.readyURL())
 }
 
 // envRef is a $(VAR) reference in a container argument.
