@@ -14,6 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
 // version is one revision of an object as etcd stored it.
@@ -50,7 +52,7 @@ func etcdHistory(ctx context.Context, cli *clientv3.Client, prefix string) (map[
 	go func() {
 		for wctx.Err() == nil {
 			_ = cli.RequestProgress(wctx)
-			sleep(wctx, 100*time.Millisecond)
+			_ = ctxtime.Sleep(wctx, 100*time.Millisecond)
 		}
 	}()
 	for resp := range watch {

@@ -20,6 +20,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 )
 
@@ -132,11 +133,11 @@ func (c *Cluster) schedule(ctx context.Context, cfg Config, seed uint64, users [
 			_ = w.start()
 		}
 	}
-	sleep(ctx, 12*time.Second)
+	_ = ctxtime.Sleep(ctx, 12*time.Second)
 	for _, w := range workers {
 		w.stop(40 * time.Second)
 	}
-	sleep(ctx, 2*time.Second) // the observer sees the last releases
+	_ = ctxtime.Sleep(ctx, 2*time.Second) // the observer sees the last releases
 	stopObs()
 	res, err := c.check(ctx, ns, eventsDir, obs, faults)
 	if err != nil {
@@ -291,7 +292,7 @@ func (o *observer) follow(ctx context.Context, api int, gvk schema.GroupVersionK
 		err = cl.List(lctx, list, client.InNamespace(o.ns))
 		cancel()
 		if err != nil {
-			sleep(ctx, 200*time.Millisecond)
+			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			continue
 		}
 		for i := range list.Items {
@@ -301,7 +302,7 @@ func (o *observer) follow(ctx context.Context, api int, gvk schema.GroupVersionK
 		wl.SetGroupVersionKind(gvk)
 		w, err := cl.Watch(ctx, wl, client.InNamespace(o.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.GetResourceVersion()}})
 		if err != nil {
-			sleep(ctx, 200*time.Millisecond)
+			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			continue
 		}
 		for ev := range w.ResultChan() {

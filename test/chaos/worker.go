@@ -18,6 +18,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
+	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
@@ -100,7 +101,7 @@ func RunWorker(stop context.Context, o WorkerOptions) error {
 		if w.lc, err = lockclient.NewForConfig(stop, cfg, o.Namespace); err == nil {
 			break
 		}
-		sleep(stop, 500*time.Millisecond) // the API server may be cut off
+		_ = ctxtime.Sleep(stop, 500*time.Millisecond) // the API server may be cut off
 	}
 	if stop.Err() != nil {
 		return nil
@@ -168,7 +169,7 @@ func (w *worker) claim(ctx context.Context, iter int) {
 	lock, err := w.lc.Acquire(actx, res, lockclient.AcquireOptions{RequestID: reqID})
 	if err != nil {
 		w.log.emit(Event{Kind: "acquire", Resource: res, RequestID: reqID, Outcome: "failed", Detail: err.Error()})
-		sleep(ctx, 200*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 		return
 	}
 	defer lock.Orphan() // a lock whose release failed is left to expire
@@ -187,13 +188,13 @@ func (w *worker) claim(ctx context.Context, iter int) {
 		w.attack(actx)
 	}
 	// Hold a moment (up to 400 ms) before releasing.
-	sleep(ctx, time.Duration(w.rnd.IntN(400))*time.Millisecond)
+	_ = ctxtime.Sleep(ctx, time.Duration(w.rnd.IntN(400))*time.Millisecond)
 	_ = lock.Release(actx)
 	if w.o.Adversary && acked > 0 {
 		w.oldGrants = append(w.oldGrants, oldGrant{lg: *lock.LockGrant(), res: res})
 		// Strike while the grant is freshest: once the next holder wrote,
 		// a webhook with a stale view of the registry would still take it.
-		sleep(ctx, 300*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 300*time.Millisecond)
 		w.attack(actx)
 	}
 }
@@ -253,7 +254,7 @@ func (w *worker) resolve(op *lockclient.Operation, res, id string, sent lockclie
 			w.log.emit(Event{ID: id + "/resolve", Kind: "resolve", Resource: res, Outcome: out, Detail: id})
 			return
 		}
-		sleep(ctx, 500*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 500*time.Millisecond)
 	}
 	w.log.emit(Event{ID: id + "/resolve", Kind: "resolve", Resource: res, Outcome: "unresolved", Detail: id})
 }
@@ -327,7 +328,7 @@ func (w *worker) waitSuperseded(ctx context.Context, res string, f int64) bool {
 		if err := w.kube.Get(ctx, client.ObjectKey{Namespace: w.o.Namespace, Name: res}, &fr); err == nil && fr.Status.FenceToken > f {
 			return true
 		}
-		sleep(ctx, 20*time.Millisecond)
+		_ = ctxtime.Sleep(ctx, 20*time.Millisecond)
 	}
 	return false
 }
@@ -370,11 +371,4 @@ func parseEnvelope(s string) (envelope, bool) {
 		return envelope{}, false
 	}
 	return e, true
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
