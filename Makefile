@@ -112,12 +112,11 @@ docker-build: ## Build the manager image.
 # The roles the chart takes from config/rbac as they are (it writes its own bindings).
 CHART_RBAC_FILES := role.yaml leader_election_role.yaml lockgrant_requester_role.yaml fencedresource_admin_role.yaml protected_kinds_role.yaml metrics_reader_role.yaml
 
-# render-install prints config/default with the manager image set to IMG. It
-# works on a copy of config/: nothing tracked is edited.
+# render-install prints config/default with the manager image set to IMG
+# (internal/release.RenderInstall, which make release uses too). It works on
+# a copy of config/: nothing tracked is edited.
 define render-install
-tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cp -r config "$$tmp/config" && mkdir "$$tmp/overlay" && \
-printf 'resources:\n- ../config/default\npatches:\n- target: {kind: Deployment, name: fencekeeper-controller-manager}\n  patch: |-\n    - {op: replace, path: /spec/template/spec/containers/0/image, value: "%s"}\n' "$(IMG)" > "$$tmp/overlay/kustomization.yaml" && \
-kubectl kustomize "$$tmp/overlay"
+go run ./hack/release -render-install -image "$(IMG)"
 endef
 
 .PHONY: build-installer

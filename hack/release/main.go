@@ -27,7 +27,17 @@ func main() {
 	flag.StringVar(&c.Helm, "helm", "helm", "the helm binary")
 	flag.StringVar(&c.Kubectl, "kubectl", "kubectl", "the kubectl binary")
 	flag.StringVar(&epoch, "source-date-epoch", "", "the commit's time in Unix seconds: every timestamp in the artifacts")
+	renderInstall := flag.Bool("render-install", false, "only print config/default rendered for -image (make build-installer, make deploy) and exit")
 	flag.Parse()
+	if *renderInstall {
+		out, err := release.RenderInstall(context.Background(), c.Kubectl, ".", c.Image, "")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "render-install:", err)
+			os.Exit(1)
+		}
+		_, _ = os.Stdout.Write(out)
+		return
+	}
 	if err := run(&c, epoch); err != nil {
 		fmt.Fprintln(os.Stderr, "release:", err)
 		os.Exit(1)

@@ -13,17 +13,28 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// writeInstall renders config/default with the manager image set to ref,
-// as the Makefile's render-install does for make build-installer: on a
-// copy of config/, through kubectl's kustomize.
-func (c *Config) writeInstall(ctx context.Context, work, ref string) error {
-	tmp := filepath.Join(work, "install")
-	if err := os.CopyFS(filepath.Join(tmp, "config"), os.DirFS(filepath.Join(c.Root, "config"))); err != nil {
-		return err
+// RenderInstall renders config/default (below root) with the manager image
+// set to image and, unless namespace is empty, every namespaced object in
+// namespace: on a copy of config/, through kubectl's kustomize. It is the
+// one rendering of install.yaml: make build-installer and make deploy
+// (hack/release -render-install), make release, and the install tests.
+func RenderInstall(ctx context.Context, kubectl, root, image, namespace string) ([]byte, error) {
+	tmp, err := os.MkdirTemp("", "fencekeeper-install-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.CopyFS(filepath.Join(tmp, "config"), os.DirFS(filepath.Join(root, "config"))); err != nil {
+		return nil, err
+	}
+	if namespace != "" {
+		if err := setNamespace(filepath.Join(tmp, "config", "default", "kustomization.yaml"), namespace); err != nil {
+			return nil, err
+		}
 	}
 	overlay := filepath.Join(tmp, "overlay")
 	if err := os.MkdirAll(overlay, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	kustomization := fmt.Sprintf(`resources:
 - ../config/default
@@ -31,11 +42,29 @@ patches:
 - target: {kind: Deployment, name: fencekeeper-controller-manager}
   patch: |-
     - {op: replace, path: /spec/template/spec/containers/0/image, value: %q}
-`, ref)
+`, image)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		return nil, err
+	}
+	return run(ctx, kubectl, "kustomize", overlay)
+}
+
+// setNamespace replaces config/default's namespace line in the copy at path.
+func setNamespace(path, namespace string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
 		return err
 	}
-	rendered, err := run(ctx, c.Kubectl, "kustomize", overlay)
+	replaced := strings.Replace(string(data), "\nnamespace: fencekeeper-system\n", "\nnamespace: "+namespace+"\n", 1)
+	if replaced == string(data) {
+		return fmt.Errorf("%s has no `namespace: fencekeeper-system` line to change", path)
+	}
+	return os.WriteFile(path, []byte(replaced), 0o644)
+}
+
+// writeInstall writes install.yaml for the image pinned by digest.
+func (c *Config) writeInstall(ctx context.Context, ref string) error {
+	rendered, err := RenderInstall(ctx, c.Kubectl, c.Root, ref, "")
 	if err != nil {
 		return err
 	}

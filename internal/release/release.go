@@ -143,7 +143,7 @@ func Build(ctx context.Context, c Config) (*Result, error) {
 		run  func() error
 	}{
 		{"manager image", func() error { return c.buildImage(ctx, work, res) }},
-		{InstallYAML, func() error { return c.writeInstall(ctx, work, res.ImageRef) }},
+		{InstallYAML, func() error { return c.writeInstall(ctx, res.ImageRef) }},
 		{"chart", func() error { return c.packageChart(ctx, work, res.ImageRef) }},
 		{"kubectl-fence", func() error { return c.buildPlugin(ctx, work) }},
 		{ReleaseNotes, c.writeReleaseNotes},

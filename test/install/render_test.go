@@ -3,6 +3,7 @@ package install
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
+	fkrelease "github.com/fencekeeper/fencekeeper/internal/release"
 )
 
 // helmVersion must match HELM_VERSION in the Makefile: helm is built from
@@ -88,44 +90,15 @@ func tryRun(stdin []byte, name string, args ...string) ([]byte, error) {
 	return stdout.Bytes(), nil
 }
 
-// renderKustomize renders config/default with the manager image set to img,
-// as make build-installer does: on a copy of config/, so nothing tracked
-// is edited.
+// renderKustomize renders config/default with the manager image set to img
+// (and namespace, unless empty) as make build-installer does.
 func renderKustomize(t *testing.T, root, img, namespace string) []byte {
 	t.Helper()
-	tmp := t.TempDir()
-	if err := os.CopyFS(filepath.Join(tmp, "config"), os.DirFS(filepath.Join(root, "config"))); err != nil {
+	out, err := fkrelease.RenderInstall(context.Background(), "kubectl", root, img, namespace)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if namespace != "" {
-		p := filepath.Join(tmp, "config", "default", "kustomization.yaml")
-		data, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		replaced := strings.Replace(string(data), "\nnamespace: fencekeeper-system\n", "\nnamespace: "+namespace+"\n", 1)
-		if replaced == string(data) {
-			t.Fatal("config/default/kustomization.yaml has no `namespace: fencekeeper-system` line to change")
-		}
-		if err := os.WriteFile(p, []byte(replaced), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	overlay := filepath.Join(tmp, "overlay")
-	kustomization := fmt.Sprintf(`resources:
-- ../config/default
-patches:
-- target: {kind: Deployment, name: fencekeeper-controller-manager}
-  patch: |-
-    - {op: replace, path: /spec/template/spec/containers/0/image, value: %q}
-`, img)
-	if err := os.MkdirAll(overlay, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return run(t, nil, "kubectl", "kustomize", overlay)
+	return out
 }
 
 // helm returns bin/tools/helm-<version>, building it from the module proxy
