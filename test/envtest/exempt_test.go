@@ -83,6 +83,9 @@ var _ = Describe("the webhook shape on rollout", Ordered, func() {
 	var saved *admissionregistrationv1.ValidatingWebhookConfiguration
 	BeforeAll(func() { saved = webhookConfiguration() })
 	AfterAll(func() {
+		// The guards installed the trust-anchor policy; the specs after
+		// reset revokedBelowEpoch as cluster-admin, which it forbids.
+		removeTrustAnchorPolicy(admin)
 		// Back to the configuration the suite installed, for the specs after.
 		Expect(update(admin, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: saved.Name}},
 			func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
