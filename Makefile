@@ -68,6 +68,25 @@ control-plane: ## Build etcd and kube-apiserver into bin/k8s (no-op when present
 controller-manager: ## Build kube-controller-manager into bin/k8s (no-op when present): dev, demo, test and chaos run its namespace and garbage-collector controllers.
 	hack/build-control-plane.sh kube-controller-manager
 
+# The PostgreSQL server binaries internal/pgserver starts a throwaway server
+# from, found as it finds them: $FENCEKEEPER_PG_BINDIR, the highest
+# /usr/lib/postgresql/*/bin, pg_config --bindir, then PATH.
+.PHONY: postgres
+postgres: ## Install the PostgreSQL server binaries (apt-get install postgresql, with sudo unless root) when initdb and postgres are missing; the tests and the demo start their own server from them.
+	@has() { [ -n "$$1" ] && [ -x "$$1/initdb" ] && [ -x "$$1/postgres" ]; }; \
+	if [ -n "$$FENCEKEEPER_PG_BINDIR" ]; then \
+	  has "$$FENCEKEEPER_PG_BINDIR" || { echo "FENCEKEEPER_PG_BINDIR=$$FENCEKEEPER_PG_BINDIR holds no initdb and postgres" >&2; exit 1; }; exit 0; \
+	fi; \
+	for dir in $$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV) "$$(pg_config --bindir 2>/dev/null)" \
+	  "$$(dirname "$$(readlink -f "$$(command -v initdb)" 2>/dev/null)")"; do \
+	  if has "$$dir"; then exit 0; fi; \
+	done; \
+	command -v apt-get >/dev/null || { echo "no PostgreSQL server binaries (initdb, postgres) and no apt-get: install PostgreSQL's server, or set FENCEKEEPER_PG_BINDIR" >&2; exit 1; }; \
+	sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	echo "no PostgreSQL server binaries (initdb, postgres): $${sudo:+sudo }apt-get install -y --no-install-recommends postgresql"; \
+	$$sudo apt-get update -qq || echo "apt-get update failed; installing from the package lists as they are"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql
+
 .PHONY: api-docs
 api-docs: manifests ## Regenerate docs/api-reference.md from the CRDs (go test ./internal/apidocs checks it is current).
 	go test ./internal/apidocs -count=1 -run TestReferenceIsCurrent -update
@@ -83,7 +102,7 @@ verify-generated: manifests generate ## Fail if generated files are out of date.
 	@test -z "$$(git status --porcelain -- config api)" || { git status --short -- config api; echo "generated files are stale: run make manifests generate and commit"; exit 1; }
 
 .PHONY: test
-test: control-plane controller-manager manifests generate vet ## Run every test: pure packages with -race, then the envtest suites.
+test: control-plane controller-manager manifests generate vet postgres ## Run every test: pure packages with -race, then the envtest suites.
 	go test -race -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/)
 	go test -v -count=1 -timeout 30m $(GO_TEST_FLAGS) $$(go list ./test/... | grep -v -e /test/chaos -e /test/release) # includes test/ha (two manager processes, ~75 s) and test/bench (quick bench, quick soak: ~3 min)
 	go test -v -count=1 -timeout 10m $(GO_TEST_FLAGS) ./test/chaos # make chaos cut down: one 30 s schedule, ~75 s; alone, as it loads both cores
@@ -193,7 +212,7 @@ undeploy: ## Remove the operator (delete FencedResources and LockGrants first: d
 ##@ Stories
 
 .PHONY: demo
-demo: control-plane controller-manager ## The stale-owner story end to end on the embedded control plane (exits 0 only if every expected verdict happened).
+demo: control-plane controller-manager postgres ## The stale-owner story end to end on the embedded control plane (exits 0 only if every expected verdict happened).
 	go run ./cmd/demo
 
 .PHONY: dev
