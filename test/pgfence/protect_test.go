@@ -270,3 +270,37 @@ func TestUpgrade(t *testing.T) {
 		t.Fatalf("%d receipts after reinstalling, want 2", n)
 	}
 }
+
+// TestRecheckAtCommit: a transaction that began its segment under the
+// current grant but commits after the grant ended lands nothing.
+func TestRecheckAtCommit(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	s := newStore(t, pgfence.InstallOptions{})
+	s.invoices(t)
+	a, b := grantOf("worker-a", 1, rootOf('a')), grantOf("worker-b", 2, rootOf('b'))
+	s.holds(t, pgfence.Enforce, a)
+	tx, err := s.worker.Begin(ctx)
+	must(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := pgfence.BeginSegment(ctx, tx, w.envelope(w.issuer, a, 1, "1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO invoices VALUES (1, '1')"); err != nil {
+		t.Fatal(err)
+	}
+	// The registry ends A's grant and issues B's while A's transaction is open.
+	must(t, pgfence.EndGrant(ctx, s.operator, a.Digest(), "Expired", now))
+	must(t, pgfence.PublishGrant(ctx, s.operator, b, now.Add(hour)))
+	if err := tx.Commit(ctx); verdictOf(err) != fence.NotHeld {
+		t.Fatalf("A's commit after its grant ended: %v, want NOT_HELD", err)
+	}
+	var n int
+	must(t, s.admin.QueryRow(ctx, "SELECT count(*) FROM invoices").Scan(&n))
+	if n != 0 {
+		t.Fatalf("%d rows landed", n)
+	}
+	if _, err := segment(ctx, s.worker, w.envelope(w.issuer, b, 1, "2"), "INSERT INTO invoices VALUES (1, '2')"); err != nil {
+		t.Fatalf("B's segment: %v", err)
+	}
+}

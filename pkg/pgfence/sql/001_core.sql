@@ -146,7 +146,9 @@ BEGIN
         RETURN NULL;
     END IF;
     IF jsonb_typeof(envelope->'grant'->'resource') = 'string' THEN
-        SELECT * INTO st FROM fencekeeper.resources r WHERE r.resource_id = rid FOR UPDATE;
+        -- NO KEY UPDATE: segments of a resource queue here, while the
+        -- operator may still publish grants (their foreign key takes KEY SHARE).
+        SELECT * INTO st FROM fencekeeper.resources r WHERE r.resource_id = rid FOR NO KEY UPDATE;
         IF st.last_envelope = envelope THEN
             PERFORM fencekeeper.refuse(rid, 'FENCE_REQUIRED', 'the envelope is the one of the last accepted segment; every change needs a fresh segment', NULL);
             RETURN NULL;
@@ -257,12 +259,18 @@ RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalo
 $$;
 
 -- Publishing: the operator's role only.
+-- An unchanged resource is not written: that would wait for an open segment.
 CREATE FUNCTION fencekeeper.publish_resource(resource text, resource_mode text, policy_generation bigint)
-RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM fencekeeper.resources r WHERE r.resource_id = resource
+               AND r.mode = resource_mode AND r.generation >= policy_generation) THEN
+        RETURN;
+    END IF;
     INSERT INTO fencekeeper.resources (resource_id, mode, generation) VALUES (resource, resource_mode, policy_generation)
     ON CONFLICT (resource_id) DO UPDATE SET mode = excluded.mode,
-        generation = greatest(fencekeeper.resources.generation, excluded.generation), published_at = now()
-$$;
+        generation = greatest(fencekeeper.resources.generation, excluded.generation), published_at = now();
+END $$;
 
 -- publish_grant records an issued grant, or a renewal's new expiry. A digest
 -- names one grant document: publishing another under it is refused.

@@ -102,3 +102,31 @@ END $$;
 REVOKE ALL ON ALL TABLES IN SCHEMA fencekeeper FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA fencekeeper FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencekeeper FROM PUBLIC;
+
+-- recheck_at_commit: a segment commits only if its grant is still the
+-- registry's current, unexpired grant when the transaction commits, so a
+-- transaction held open past the grant's end lands nothing. (The resource
+-- row's lock keeps every later segment waiting until then.)
+CREATE FUNCTION fencekeeper.recheck_at_commit()
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    st     fencekeeper.resources;
+    holder fencekeeper.grants;
+BEGIN
+    SELECT * INTO st FROM fencekeeper.resources r WHERE r.resource_id = NEW.resource_id;
+    IF st.mode = 'Shadow' OR st.highest_fence <> NEW.fence THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO holder FROM fencekeeper.grants x
+        WHERE x.resource_id = NEW.resource_id AND x.ended_at IS NULL ORDER BY x.fence DESC LIMIT 1;
+    IF holder.digest IS DISTINCT FROM st.grant_digest THEN
+        PERFORM fencekeeper.refuse(NEW.resource_id, 'NOT_HELD', format('the grant with fence %s ended before its segment %s committed', NEW.fence, NEW.segment), NULL);
+    ELSIF clock_timestamp() >= holder.expires_at THEN
+        PERFORM fencekeeper.refuse(NEW.resource_id, 'NOT_HELD', format('the grant with fence %s expired at %s, before its segment %s committed', NEW.fence, holder.expires_at, NEW.segment), NULL);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE CONSTRAINT TRIGGER recheck_at_commit AFTER INSERT ON fencekeeper.receipts
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fencekeeper.recheck_at_commit();
+REVOKE ALL ON FUNCTION fencekeeper.recheck_at_commit() FROM PUBLIC;
