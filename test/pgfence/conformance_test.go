@@ -139,7 +139,7 @@ func TestConformance(t *testing.T) {
 			if model.Verdict != c.want {
 				t.Fatalf("fence.Decide: %s, want %s", model.Message, c.want)
 			}
-			v, receipt, msg := s.decide(t, w, c)
+			v, receipt, msg := s.decide(t, c)
 			if v != c.want {
 				t.Fatalf("begin_segment: %s, want %s (fence.Decide: %s)", msg, c.want, model.Message)
 			}
@@ -206,10 +206,10 @@ func (w *world) decide(t *testing.T, c conformanceCase) fence.Decision {
 
 // decide sets the store up as the case says (as the superuser and the
 // operator's role), then sends the attempt as the worker's role.
-func (s *store) decide(t *testing.T, w *world, c conformanceCase) (fence.Verdict, string, string) {
+func (s *store) decide(t *testing.T, c conformanceCase) (fence.Verdict, string, string) {
 	t.Helper()
 	ctx := context.Background()
-	s.reset(t, w, c)
+	s.reset(t, c)
 	tx, err := s.worker.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -227,7 +227,7 @@ func (s *store) decide(t *testing.T, w *world, c conformanceCase) (fence.Verdict
 	return re.Verdict, re.Receipt, re.Message
 }
 
-func (s *store) reset(t *testing.T, w *world, c conformanceCase) {
+func (s *store) reset(t *testing.T, c conformanceCase) {
 	t.Helper()
 	ctx := context.Background()
 	exec(t, s.admin, "TRUNCATE fencekeeper.resources, fencekeeper.grants, fencekeeper.receipts")
@@ -276,4 +276,3 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
-
