@@ -91,7 +91,7 @@ wide|jsonpath=…|go-template=…) are kubectl's. See docs/kubectl-fence.md.`,
 	o.flags.AddFlags(root.PersistentFlags())
 	o.registerFlagCompletions(root)
 	root.AddCommand(o.acquireCmd(), o.renewCmd(), o.releaseCmd(), o.statusCmd(), o.writeCmd(), o.deleteCmd(), o.receiptsCmd(), o.auditCmd(),
-		o.versionCmd(), completionCmd(root, stdout), o.keysCmd())
+		o.versionCmd(), completionCmd(root, stdout), o.keysCmd(), o.pgCmd())
 	return root
 }
 

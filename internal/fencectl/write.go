@@ -7,7 +7,6 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -220,70 +219,6 @@ func businessContent(in map[string]any, t *locksv1.ObjectTarget) map[string]any 
 		}
 	}
 	return content
-}
-
-func (o *options) receiptsCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "receipts FENCEDRESOURCE",
-		Short: "Show the receipt log and fence state of a FencedResource's protected object",
-		Example: `  # The fence state and receipt log stamped on invoice-batch-2026-07-19's protected object
-  kubectl fence receipts invoice-batch-2026-07-19 -n billing
-
-  # Did a write whose answer was lost land? Look for its operation and segment
-  kubectl fence receipts fr/invoice-batch-2026-07-19 -n billing -o jsonpath='{range .receipts[*]}{.operation} {.segment} {.receipt}{"\n"}{end}'`,
-		Args:              exactArgs("FENCEDRESOURCE"),
-		ValidArgsFunction: o.completeFirst(fencedResourceNames),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := fencedResourceType.nameArgs(args); err != nil {
-				return err
-			}
-			kube, err := o.kube()
-			if err != nil {
-				return err
-			}
-			var fr locksv1.FencedResource
-			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: o.ns(), Name: args[0]}, &fr); err != nil {
-				return explainAPI(err, "FencedResource "+args[0])
-			}
-			if fr.Spec.Target == nil {
-				return fmt.Errorf("FencedResource %s has no target object", args[0])
-			}
-			t := fr.Spec.Target
-			obj := &unstructured.Unstructured{}
-			obj.SetGroupVersionKind(schema.FromAPIVersionAndKind(t.APIVersion, t.Kind))
-			if err := kube.Get(cmd.Context(), client.ObjectKey{Namespace: fr.Namespace, Name: t.Name}, obj); err != nil {
-				if apierrors.IsNotFound(err) {
-					return fmt.Errorf("%s %s does not exist yet: it is created by the first fenced write", t.Kind, t.Name)
-				}
-				return err
-			}
-			ann := obj.GetAnnotations()
-			st, err := fence.StateOf(ann[fence.AnnotationFence], ann[fence.AnnotationReceipts])
-			if err != nil {
-				return fmt.Errorf("%s %s carries an unreadable fence state: %w", t.Kind, t.Name, err)
-			}
-			view := struct {
-				Object        string          `json:"object"`
-				HighestFence  int64           `json:"highestFence"`
-				OperationRoot string          `json:"operationRoot,omitempty"`
-				LastSegment   int64           `json:"lastSegment"`
-				Receipts      []fence.Receipt `json:"receipts"`
-			}{t.Kind + "/" + t.Name, st.HighestFence, st.Root, st.LastSegment, st.Receipts}
-			if view.Receipts == nil {
-				view.Receipts = []fence.Receipt{}
-			}
-			return o.emit(view, nil, func(bool) error {
-				o.printf("%s: highest fence %d, last segment %d, operation root %s\n", view.Object, st.HighestFence, st.LastSegment, st.Root)
-				tw := o.table("FENCE", "SEGMENT", "OPERATION", "PAYLOAD", "RECEIPT")
-				for _, r := range st.Receipts {
-					fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\n", r.Fence, r.Segment, r.Operation, r.Payload, r.Receipt)
-				}
-				return tw.Flush()
-			})
-		},
-	}
-	o.addOutputFlags(cmd)
-	return cmd
 }
 
 // grantWriter writes under one LockGrant: through the client library's
