@@ -229,9 +229,14 @@ gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n
 chaos: control-plane controller-manager ## Fault schedules on a replicated control plane (3 etcd, 2 apiservers, 2 operators, own netns each; needs root): SEED=n replays one, CHAOS_SCHEDULES=n runs more, BROKEN=cached-registry-read.
 	go run ./test/chaos/cmd/chaos -schedules=$(or $(CHAOS_SCHEDULES),$(if $(SEED),1,6)) $(if $(SEED),-seed=$(SEED)) $(if $(BROKEN),-broken=$(BROKEN))
 
+# The PostgreSQL store's part runs as a test of test/bench (TestPGStoreBench;
+# make test runs it quick): its own durable server, fenced segments against
+# plain transactions.
 .PHONY: bench
-bench: control-plane ## Benchmarks vs raw baselines in one run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL, writes bin/bench/results.json (BENCH_FLAGS=-quick for a smoke run).
+bench: control-plane postgres ## Benchmarks vs raw baselines in one run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL, writes bin/bench/results.json; then the PostgreSQL store vs plain transactions, bin/bench/pgstore.json (BENCH_FLAGS=-quick for a smoke run).
 	go run ./test/bench $(BENCH_FLAGS)
+	go test ./test/bench -count=1 -v -timeout 20m -run '^TestPGStoreBench$$' -args \
+	  $(if $(filter -quick,$(BENCH_FLAGS)),,-pgstore.full) $(if $(filter -fail-on-miss,$(BENCH_FLAGS)),-pgstore.fail-on-miss)
 
 .PHONY: soak
 soak: control-plane ## Hostile-tenant soak: honest workers beside a tenant attacking for SOAK_DURATION (default 5m) in windows between quiet ones; PASS/FAIL/INCONCLUSIVE per check, bin/bench/soak.json, exit 2 on FAIL (~25 min with the claim collector's wait; SOAK_FLAGS for more).

@@ -1,0 +1,493 @@
+package main
+
+// The PostgreSQL store's bench: what a fenced segment (BEGIN;
+// fencekeeper.begin_segment; the change; COMMIT) costs against the same
+// change in a plain transaction, on one durable PostgreSQL (fsync on, as
+// initdb configures it) in the same run. Latency samples alternate plain and
+// fenced one by one on the same connection (the order flips each block), in
+// interleaved repetitions; throughput windows of N workers alternate too.
+// Where the cost goes is printed beside the targets: each round trip of
+// both transactions, WAL bytes and server CPU per commit, the schema's
+// functions' time per call, and the plans of begin_segment's lookups.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencekeeper/fencekeeper/internal/pgserver"
+	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
+)
+
+// pgstoreConfig sizes a run of the PostgreSQL store's bench.
+type pgstoreConfig struct {
+	Quick bool `json:"quick"`
+	// Samples: latency samples of each kind over all repetitions.
+	Samples int `json:"latency_samples_per_kind"`
+	// Reps: interleaved repetitions, of the latency samples and of the
+	// throughput windows alike.
+	Reps int `json:"repetitions"`
+	// Block: consecutive plain/fenced pairs with the same order; the order
+	// flips at every block (and the first block's order at every repetition).
+	Block int `json:"block_pairs"`
+	// Warmup: plain/fenced pairs run, not recorded, before the first repetition.
+	Warmup int `json:"warmup_pairs"`
+	// Workers: throughput workers, each with its own connection, resource,
+	// grant, business table and row.
+	Workers int `json:"workers"`
+	// Window: each throughput window; WindowWarmup: unmeasured load of
+	// each kind before the first.
+	Window       time.Duration `json:"-"`
+	WindowWarmup time.Duration `json:"-"`
+	// DiagSegments: segments the diagnosis pass runs with function tracking.
+	DiagSegments int `json:"diagnosis_segments"`
+	// HistoryGrants: ended grants of other resources the history probe adds.
+	HistoryGrants int `json:"history_grants"`
+	// Out: where the JSON goes ("" nowhere).
+	Out string `json:"-"`
+}
+
+// pgstoreFull is make bench's size: 2,500 samples of each kind in 5
+// repetitions, 5 windows of 2 s of each kind.
+func pgstoreFull() pgstoreConfig {
+	return pgstoreConfig{Samples: 2500, Reps: 5, Block: 10, Warmup: 200, Workers: 8,
+		Window: 2 * time.Second, WindowWarmup: time.Second, DiagSegments: 500, HistoryGrants: 50000}
+}
+
+// pgstoreQuick is make test's size: the same shape, seconds in all.
+func pgstoreQuick() pgstoreConfig {
+	return pgstoreConfig{Quick: true, Samples: 200, Reps: 5, Block: 10, Warmup: 20, Workers: 8,
+		Window: 300 * time.Millisecond, WindowWarmup: 150 * time.Millisecond, DiagSegments: 50, HistoryGrants: 5000}
+}
+
+// The targets and the repetition rule for tails.
+const (
+	// pgLatencyLimit: fenced p50 (and p99, by the repetition rule) ≤ this × plain.
+	pgLatencyLimit = 1.3
+	// pgTailSlack: a repetition exceeds when its p99 ratio is over
+	// pgTailSlack × pgLatencyLimit.
+	pgTailSlack = 1.2
+	// pgThroughputFloor: fenced commits/s ≥ this × plain.
+	pgThroughputFloor = 0.7
+)
+
+// The database roles (cluster-wide; the server is this run's own).
+const (
+	pgOperatorRole = "fk_bench_operator"
+	pgWorkerRole   = "fk_bench_worker"
+	// pgDiagRole is a worker whose sessions track function calls
+	// (track_functions = all), for the diagnosis pass only.
+	pgDiagRole = "fk_bench_diag"
+	pgDatabase = "pgstore"
+	// pgRows: rows of each business table; every transaction updates row 1.
+	pgRows = 1000
+)
+
+// pgserverSettings are the server settings the bench shows (the server
+// runs with initdb's defaults: nothing is set on its command line).
+var pgserverSettings = []string{"fsync", "synchronous_commit", "wal_sync_method", "full_page_writes", "wal_level",
+	"commit_delay", "shared_buffers", "max_wal_size", "checkpoint_timeout", "max_connections"}
+
+// pgstoreResult is what a run measured, printed as sections and written as JSON.
+type pgstoreResult struct {
+	Start      time.Time      `json:"start"`
+	RunTime    string         `json:"run_time"`
+	Config     pgstoreConfig  `json:"config"`
+	Window     string         `json:"throughput_window"`
+	Server     pgServerInfo   `json:"server"`
+	Latency    pgLatency      `json:"latency"`
+	Throughput pgThroughput   `json:"throughput"`
+	Diagnosis  pgDiagnosis    `json:"diagnosis"`
+	Checks     []pgstoreCheck `json:"checks"`
+	Verdict    string         `json:"verdict"`
+}
+
+type pgServerInfo struct {
+	Version    string            `json:"version"`
+	Settings   map[string]string `json:"settings"`
+	Filesystem string            `json:"data_directory_filesystem"`
+	CPUs       int               `json:"cpus"`
+	LoadBefore string            `json:"uptime_before"`
+	LoadAfter  string            `json:"uptime_after"`
+}
+
+// pgstoreCheck is one target: the plain control, the fenced figure, their
+// ratio and the verdict.
+type pgstoreCheck struct {
+	Name     string  `json:"name"`
+	Rule     string  `json:"rule"`
+	Control  float64 `json:"plain"`
+	Measured float64 `json:"fenced"`
+	Unit     string  `json:"unit"`
+	Ratio    float64 `json:"ratio"`
+	Limit    float64 `json:"limit"`
+	Result   string  `json:"result"`
+	Detail   string  `json:"detail,omitempty"`
+}
+
+// pgResource is one resource of the store: its protected table, the plain
+// twin of that table, its grant, and the last segment it was sent.
+type pgResource struct {
+	id      string
+	grant   grant.Grant
+	proof   string
+	segment int64
+	// fencedSQL and plainSQL update row 1 of the protected table and of its twin.
+	fencedSQL, plainSQL string
+}
+
+// envelope is the segment seg of r's grant, its payload the change's digest.
+func (r *pgResource) envelope(seg int64) (fence.Envelope, error) {
+	payload, err := fence.PayloadDigest(map[string]any{"resource": r.id, "invoice": 1, "add": 1, "segment": seg})
+	if err != nil {
+		return fence.Envelope{}, err
+	}
+	return fence.Envelope{Grant: r.grant, Proof: r.proof, Operation: "bench-" + r.grant.Owner, Segment: seg, Payload: payload}, nil
+}
+
+// pgBench is the run's server, database and resources.
+type pgBench struct {
+	cfg       pgstoreConfig
+	srv       *pgserver.Server
+	admin     *pgx.Conn
+	conns     []*pgx.Conn // the workers' connections; conns[0] also runs the latency samples
+	resources []*pgResource
+	signer    *grant.Signer
+}
+
+// runPGStore starts a PostgreSQL, installs the schema, runs the latency,
+// throughput and diagnosis passes and judges the targets. The result holds
+// what was measured even when err is not nil.
+func runPGStore(ctx context.Context, cfg pgstoreConfig, log io.Writer) (*pgstoreResult, error) {
+	res := &pgstoreResult{Start: time.Now().UTC(), Config: cfg, Window: cfg.Window.String(),
+		Server: pgServerInfo{CPUs: runtime.NumCPU(), LoadBefore: uptime()}}
+	start := time.Now()
+	defer func() {
+		res.RunTime = time.Since(start).Round(time.Millisecond).String()
+		res.Server.LoadAfter = uptime()
+	}()
+	fmt.Fprintln(log, "Starting PostgreSQL (durable: fsync on) and installing the fencekeeper schema…")
+	b, err := startPGBench(ctx, cfg)
+	if b != nil {
+		defer b.close()
+	}
+	if err != nil {
+		return res, err
+	}
+	if res.Server, err = b.serverInfo(ctx, res.Server); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(log, "Ready in %.1fs: %s\n", time.Since(start).Seconds(), res.Server.Version)
+	fmt.Fprintf(log, "== latency: %d plain and %d fenced transactions, alternating, %d repetitions\n", cfg.Samples, cfg.Samples, cfg.Reps)
+	if res.Latency, err = b.latency(ctx, log); err != nil {
+		return res, fmt.Errorf("latency: %w", err)
+	}
+	fmt.Fprintf(log, "== throughput: %d workers, %d windows of %s of each kind, alternating\n", cfg.Workers, cfg.Reps, cfg.Window)
+	if res.Throughput, err = b.throughput(ctx, log); err != nil {
+		return res, fmt.Errorf("throughput: %w", err)
+	}
+	fmt.Fprintln(log, "== diagnosis: the schema's functions per call, plans of begin_segment's lookups")
+	if res.Diagnosis, err = b.diagnose(ctx); err != nil {
+		return res, fmt.Errorf("diagnosis: %w", err)
+	}
+	res.judge()
+	return res, nil
+}
+
+// startPGBench starts the server and sets up the database: the roles, the
+// schema, one protected table per resource and its plain twin, and each
+// resource's grant published by the operator's role.
+func startPGBench(ctx context.Context, cfg pgstoreConfig) (*pgBench, error) {
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	srv, err := pgserver.Start(startCtx, pgserver.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("starting PostgreSQL (make postgres installs it): %w", err)
+	}
+	b := &pgBench{cfg: cfg, srv: srv}
+	roles := fmt.Sprintf("CREATE ROLE %s LOGIN; CREATE ROLE %s LOGIN; CREATE ROLE %s LOGIN; ALTER ROLE %s SET track_functions = 'all'",
+		pgOperatorRole, pgWorkerRole, pgDiagRole, pgDiagRole)
+	if err := srv.Exec(ctx, "postgres", roles); err != nil {
+		return b, err
+	}
+	if err := srv.CreateDatabase(ctx, pgDatabase); err != nil {
+		return b, err
+	}
+	if b.admin, err = pgx.Connect(ctx, srv.DSN(pgDatabase)); err != nil {
+		return b, err
+	}
+	if err := pgfence.Install(ctx, b.admin, pgfence.InstallOptions{OperatorRole: pgOperatorRole, WorkerRoles: []string{pgWorkerRole, pgDiagRole}}); err != nil {
+		return b, err
+	}
+	if err := b.setupResources(ctx); err != nil {
+		return b, err
+	}
+	for range cfg.Workers {
+		c, err := b.connect(ctx, pgWorkerRole)
+		if err != nil {
+			return b, err
+		}
+		b.conns = append(b.conns, c)
+	}
+	return b, nil
+}
+
+func (b *pgBench) connect(ctx context.Context, role string) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, b.srv.DSN(pgDatabase)+" user="+role)
+}
+
+func (b *pgBench) setupResources(ctx context.Context) error {
+	var err error
+	if b.signer, err = grant.NewSigner("bench", []byte(strings.Repeat("k", 32))); err != nil {
+		return err
+	}
+	operator, err := b.connect(ctx, pgOperatorRole)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = operator.Close(context.WithoutCancel(ctx)) }()
+	for i := range b.cfg.Workers {
+		r := &pgResource{id: fmt.Sprintf("bench/invoices-%d", i)}
+		table, twin := fmt.Sprintf("invoices_%d", i), fmt.Sprintf("plain_invoices_%d", i)
+		for _, t := range []string{table, twin} {
+			ddl := fmt.Sprintf("CREATE TABLE %[1]s (id int PRIMARY KEY, amount bigint NOT NULL); "+
+				"INSERT INTO %[1]s SELECT g, 0 FROM generate_series(1, %[2]d) g; "+
+				"GRANT SELECT, UPDATE ON %[1]s TO %[3]s, %[4]s", t, pgRows, pgWorkerRole, pgDiagRole)
+			if _, err := b.admin.Exec(ctx, ddl); err != nil {
+				return err
+			}
+		}
+		if err := pgfence.Protect(ctx, b.admin, table, r.id); err != nil {
+			return err
+		}
+		r.fencedSQL = "UPDATE " + table + " SET amount = amount + 1 WHERE id = $1"
+		r.plainSQL = "UPDATE " + twin + " SET amount = amount + 1 WHERE id = $1"
+		if err := pgfence.PublishResource(ctx, operator, r.id, pgfence.Enforce, 1); err != nil {
+			return err
+		}
+		if err := b.issue(ctx, operator, r, 1); err != nil {
+			return err
+		}
+		b.resources = append(b.resources, r)
+	}
+	return nil
+}
+
+// issue makes a grant with fence f r's current one: it signs it, and the
+// operator ends r's previous grant and publishes this one.
+func (b *pgBench) issue(ctx context.Context, operator *pgx.Conn, r *pgResource, f int64) error {
+	now := time.Now().UTC()
+	if r.grant.FenceToken != 0 {
+		if err := pgfence.EndGrant(ctx, operator, r.grant.Digest(), "Released", now); err != nil {
+			return err
+		}
+	}
+	owner := fmt.Sprintf("worker-%s-%d", strings.TrimPrefix(r.id, "bench/invoices-"), f)
+	g := grant.Grant{Schema: grant.Schema, Resource: r.id, Owner: owner, RequestID: "req-" + owner, Lease: "lease-" + owner,
+		OperationRoot: "sha256:" + strings.Repeat(fmt.Sprintf("%x", f%16), 64), FenceToken: f, BackendRevision: strconv.FormatInt(f, 10),
+		PolicyGeneration: 1, IssuerEpoch: 1, TTLSeconds: 3600, IssuedAt: now.Format(time.RFC3339)}
+	_, proof, err := b.signer.Sign(g)
+	if err != nil {
+		return err
+	}
+	if err := pgfence.PublishGrant(ctx, operator, g, now.Add(6*time.Hour)); err != nil {
+		return err
+	}
+	r.grant, r.proof, r.segment = g, proof, 0
+	return nil
+}
+
+func (b *pgBench) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, c := range append([]*pgx.Conn{b.admin}, b.conns...) {
+		if c != nil {
+			_ = c.Close(ctx)
+		}
+	}
+	_ = b.srv.Stop()
+}
+
+// serverInfo reads the server's version and the settings the bench shows,
+// and the data directory's filesystem (fsync on tmpfs would prove nothing).
+func (b *pgBench) serverInfo(ctx context.Context, info pgServerInfo) (pgServerInfo, error) {
+	if err := b.admin.QueryRow(ctx, "SELECT version()").Scan(&info.Version); err != nil {
+		return info, err
+	}
+	info.Settings = map[string]string{}
+	for _, s := range pgserverSettings {
+		var v string
+		if err := b.admin.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v); err != nil {
+			return info, err
+		}
+		info.Settings[s] = v
+	}
+	info.Filesystem = "unknown"
+	if out, err := exec.CommandContext(ctx, "stat", "-f", "-c", "%T", b.srv.DataDir()).Output(); err == nil {
+		info.Filesystem = strings.TrimSpace(string(out))
+	}
+	return info, nil
+}
+
+// stepNames are the round trips of a transaction, in order.
+var stepNames = [4]string{"BEGIN", "begin_segment", "UPDATE", "COMMIT"}
+
+// txn runs one transaction on conn: the fenced one (BEGIN; begin_segment
+// with r's next segment; UPDATE; COMMIT) or the plain one (BEGIN; UPDATE;
+// COMMIT), and returns how long it took and each round trip.
+func (r *pgResource) txn(ctx context.Context, conn *pgx.Conn, fenced bool) (time.Duration, [4]time.Duration, error) {
+	var steps [4]time.Duration
+	var env fence.Envelope
+	sql := r.plainSQL
+	if fenced {
+		var err error
+		if env, err = r.envelope(r.segment + 1); err != nil {
+			return 0, steps, err
+		}
+		sql = r.fencedSQL
+	}
+	t0 := time.Now()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, steps, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	t1 := time.Now()
+	if fenced {
+		if _, err := pgfence.BeginSegment(ctx, tx, env); err != nil {
+			return 0, steps, fmt.Errorf("begin_segment %d of %s: %w", env.Segment, r.id, err)
+		}
+	}
+	t2 := time.Now()
+	if _, err := tx.Exec(ctx, sql, 1); err != nil {
+		return 0, steps, err
+	}
+	t3 := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return 0, steps, err
+	}
+	t4 := time.Now()
+	if fenced {
+		r.segment++
+	}
+	steps = [4]time.Duration{t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3)}
+	return t4.Sub(t0), steps, nil
+}
+
+// judge sets the checks and the verdict.
+func (res *pgstoreResult) judge() {
+	l, t := res.Latency, res.Throughput
+	p50 := pgstoreCheck{Name: "segment latency p50", Rule: fmt.Sprintf("fenced p50 ≤ %g× plain p50 (pooled)", pgLatencyLimit),
+		Control: l.Plain.P50, Measured: l.Fenced.P50, Unit: "ms", Ratio: ratio(l.Fenced.P50, l.Plain.P50), Limit: pgLatencyLimit,
+		Detail: fmt.Sprintf("%d samples of each kind in %d interleaved repetitions", l.Fenced.N, len(l.Reps))}
+	p50.Result = atMost(p50.Ratio, pgLatencyLimit)
+	p99 := pgstoreCheck{Name: "segment latency p99", Control: l.Plain.P99, Measured: l.Fenced.P99, Unit: "ms", Limit: pgLatencyLimit,
+		Rule: fmt.Sprintf("median of the repetitions' p99 ratios ≤ %g×, ≤ 1 over %g×", pgLatencyLimit, round2(pgTailSlack*pgLatencyLimit))}
+	ratios := make([]float64, len(l.Reps))
+	for i, r := range l.Reps {
+		ratios[i] = r.P99Ratio
+	}
+	p99.Result, p99.Ratio, p99.Detail = tailVerdict(ratios, pgLatencyLimit, pgTailSlack)
+	p99.Detail += fmt.Sprintf("; pooled p99 ratio %s×", fmtF(ratio(l.Fenced.P99, l.Plain.P99)))
+	tp := pgstoreCheck{Name: fmt.Sprintf("throughput, %d workers", t.Workers), Rule: fmt.Sprintf("fenced commits/s ≥ %g× plain (pooled windows)", pgThroughputFloor),
+		Control: t.Plain.PerSecond, Measured: t.Fenced.PerSecond, Unit: "commits/s", Ratio: t.Ratio, Limit: pgThroughputFloor,
+		Detail: fmt.Sprintf("%d windows of %s of each kind; window ratios %s", len(t.Windows)/2, res.Window, floats(t.WindowRatios))}
+	tp.Result = verdictFail
+	if !math.IsNaN(tp.Ratio) && !math.IsInf(tp.Ratio, 0) && tp.Ratio >= pgThroughputFloor {
+		tp.Result = verdictPass
+	}
+	res.Checks = []pgstoreCheck{p50, p99, tp}
+	res.Verdict = verdictPass
+	for i, c := range res.Checks {
+		if math.IsNaN(c.Ratio) || math.IsInf(c.Ratio, 0) {
+			res.Checks[i].Ratio = -1 // JSON has no NaN or infinity; the result says FAIL
+			res.Checks[i].Result, c.Result = verdictFail, verdictFail
+		}
+		switch {
+		case c.Result == verdictFail:
+			res.Verdict = verdictFail
+		case c.Result == verdictInconclusive && res.Verdict == verdictPass:
+			res.Verdict = verdictInconclusive
+		}
+	}
+}
+
+func atMost(v, limit float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v > limit {
+		return verdictFail
+	}
+	return verdictPass
+}
+
+// tailVerdict is the repetition rule for a tail: each repetition's ratio
+// (fenced p99 over plain p99, measured interleaved); PASS when their median
+// is within limit and at most one exceeds slack × limit, FAIL when the
+// median is over limit and all but at most one exceed slack × limit,
+// INCONCLUSIVE otherwise (one noisy repetition decides nothing). It
+// returns the verdict, the median ratio and the figures.
+func tailVerdict(ratios []float64, limit, slack float64) (string, float64, string) {
+	if len(ratios) == 0 {
+		return verdictInconclusive, 0, "no repetitions"
+	}
+	s := append([]float64(nil), ratios...)
+	sort.Float64s(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	bound := slack * limit
+	over := 0
+	for _, r := range ratios {
+		if math.IsNaN(r) || r > bound {
+			over++
+		}
+	}
+	detail := fmt.Sprintf("repetitions' p99 ratios %s, median %s×, %d of %d over %s×", floats(ratios), fmtF(med), over, len(ratios), fmtF(round2(bound)))
+	switch {
+	case med <= limit && over <= 1:
+		return verdictPass, med, detail
+	case med > limit && over >= len(ratios)-1:
+		return verdictFail, med, detail
+	}
+	return verdictInconclusive, med, detail
+}
+
+func floats(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmtF(x)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (res *pgstoreResult) write(path string) error {
+	if path == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}
+
+// errNoSamples: a pass measured nothing (a window too short for a commit).
+var errNoSamples = errors.New("no samples")

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// print writes the PostgreSQL store's sections and targets.
+func (res *pgstoreResult) print(out io.Writer) {
+	s := res.Server
+	fmt.Fprintf(out, "\nfencekeeper bench, PostgreSQL store — %s, %d CPUs, run time %s\n", res.Start.Format(time.RFC3339), s.CPUs, res.RunTime)
+	fmt.Fprintf(out, "server: %s; data directory on %s\n", s.Version, s.Filesystem)
+	settings := make([]string, 0, len(pgserverSettings))
+	for _, k := range pgserverSettings {
+		settings = append(settings, k+"="+s.Settings[k])
+	}
+	fmt.Fprintf(out, "settings (initdb's defaults, none changed): %s\n", strings.Join(settings, " "))
+	fmt.Fprintf(out, "load before: %s\nload after:  %s\n", s.LoadBefore, s.LoadAfter)
+	if res.Config.Quick {
+		fmt.Fprintln(out, "QUICK MODE: samples far too small to judge; the figures only prove the bench runs.")
+	}
+	tb := newTable(out)
+	res.Latency.print(tb)
+	res.Throughput.print(tb, res.Window)
+	res.Diagnosis.print(tb)
+	tb.section("PostgreSQL store targets (fenced segment vs plain transaction, same server, same run)")
+	tb.row("target", "rule", "plain", "fenced", "ratio", "limit", "result")
+	for _, c := range res.Checks {
+		tb.row(c.Name, c.Rule, fmtF(c.Control)+" "+c.Unit, fmtF(c.Measured)+" "+c.Unit, fmtF(c.Ratio)+"×", fmtF(c.Limit)+"×", c.Result)
+	}
+	tb.flush()
+	for _, c := range res.Checks {
+		if c.Detail != "" {
+			fmt.Fprintf(out, "  %s: %s\n", c.Name, c.Detail)
+		}
+	}
+	fmt.Fprintf(out, "PGSTORE VERDICT: %s\n", res.Verdict)
+}
+
+func (l pgLatency) print(tb *table) {
+	tb.section("P1. Segment latency: one connection, row 1 of a 1,000-row table, plain and fenced alternating (ms)")
+	tb.row("transaction", "n", "p50", "p90", "p99", "max")
+	tb.distRow("plain: BEGIN; UPDATE; COMMIT", l.Plain)
+	tb.distRow("fenced: BEGIN; begin_segment; UPDATE; COMMIT", l.Fenced)
+	tb.section("   interleaved repetitions")
+	tb.row("repetition", "n", "plain p50", "fenced p50", "p50 ratio", "plain p99", "fenced p99", "p99 ratio", "begin_segment p50", "guarded UPDATE p50")
+	for i, r := range l.Reps {
+		tb.row(i+1, r.Fenced.N, r.Plain.P50, r.Fenced.P50, r.P50Ratio, r.Plain.P99, r.Fenced.P99, r.P99Ratio, r.BeginSegmentP50, r.GuardedUpdateP50)
+	}
+	tb.section("   where a fenced segment's time goes: each round trip, as the client saw it (ms)")
+	tb.row("round trip", "plain p50", "fenced p50", "fenced − plain p50", "plain p99", "fenced p99")
+	for _, s := range l.Steps {
+		if s.Plain.N == 0 {
+			tb.row(s.Name+" (fenced only)", "", s.Fenced.P50, signed(s.Fenced.P50), "", s.Fenced.P99)
+			continue
+		}
+		tb.row(s.Name, s.Plain.P50, s.Fenced.P50, signed(round3(s.Fenced.P50-s.Plain.P50)), s.Plain.P99, s.Fenced.P99)
+	}
+	tb.row("whole transaction", l.Plain.P50, l.Fenced.P50, signed(round3(l.Fenced.P50-l.Plain.P50)), l.Plain.P99, l.Fenced.P99)
+	tb.flush()
+	fmt.Fprintln(tb.out, "  UPDATE: fenced runs the fencekeeper_guard trigger (its receipt lookup by xact_id); COMMIT: fenced runs the deferred recheck_at_commit trigger and flushes more WAL")
+}
+
+func (t pgThroughput) print(tb *table, window string) {
+	tb.section(fmt.Sprintf("P2. Throughput: %d closed-loop workers, each its own connection, resource, grant and row; %s windows alternating", t.Workers, window))
+	tb.row("window", "kind", "commits", "s", "commits/s", "p50 ms", "p99 ms", "server CPU ms/commit", "client CPU ms/commit", "WAL bytes/commit", "machine busy %")
+	w := func(name string, x pgWindow) {
+		tb.row(name, x.Kind, x.Commits, x.Seconds, x.PerSecond, x.Latency.P50, x.Latency.P99, x.ServerCPU, x.ClientCPU, x.WALBytes, 100*x.MachineBusy)
+	}
+	for _, x := range t.Windows {
+		w(fmt.Sprint(x.Rep), x)
+	}
+	w("all", t.Plain)
+	w("all", t.Fenced)
+	tb.flush()
+	fmt.Fprintf(tb.out, "  fenced/plain: %s× commits/s, %s× server CPU per commit, %s× WAL bytes per commit\n",
+		fmtF(t.Ratio), fmtF(ratio(t.Fenced.ServerCPU, t.Plain.ServerCPU)), fmtF(ratio(t.Fenced.WALBytes, t.Plain.WALBytes)))
+}
+
+func (d pgDiagnosis) print(tb *table) {
+	tb.section(fmt.Sprintf("P3. The schema's functions, server-side, over %d fenced segments (track_functions = all in that session only)", d.Segments))
+	tb.row("function", "calls/segment", "total ms/call", "self ms/call")
+	for _, f := range d.Functions {
+		tb.row(f.Name, f.CallsPerSegment, fmtF3(f.TotalMs), fmtF3(f.SelfMs))
+	}
+	tb.flush()
+	fmt.Fprintln(tb.out, "plans (EXPLAIN ANALYZE as the superuser, in a fenced transaction rolled back; the JSON has them whole):")
+	for _, p := range d.Plans {
+		fmt.Fprintf(tb.out, "  %s: %s\n", p.What, p.Summary)
+	}
+	fmt.Fprintf(tb.out, "receipts at the end: %d rows, %s MiB (one per accepted segment, kept while the fence is the highest); grants: %d rows\n",
+		d.Receipts, fmtF(d.ReceiptsMiB), d.Grants)
+	fmt.Fprintf(tb.out, "a segment's envelope: %d bytes (sent with begin_segment, stored in resources.last_envelope at every segment)\n", d.EnvelopeBytes)
+	fmt.Fprintf(tb.out, "8 KiB write + fsync on the data directory's filesystem: p50 %s ms, p99 %s ms (n=%d): the least a durable commit waits here\n",
+		fmtF3(d.Flush.P50), fmtF3(d.Flush.P99), d.Flush.N)
+	h := d.HistoryProbe
+	fmt.Fprintf(tb.out, "grant history: begin_segment round trip p50 %s ms → %s ms once %d ended grants of other resources precede the current one → %s ms with an index on grants (resource_id, fence) (%d segments each)\n",
+		fmtF3(h.BeforeP50), fmtF3(h.AfterP50), h.EndedGrants, fmtF3(h.IndexedP50), h.Segments)
+	fmt.Fprintf(tb.out, "  %s: %s\n", d.HistoryPlanOf.What, d.HistoryPlanOf.Summary)
+}
+
+// fmtF3 shows sub-millisecond figures with three decimals.
+func fmtF3(v float64) string {
+	if v < 1 && v > -1 {
+		return fmt.Sprintf("%.3f", v)
+	}
+	return fmtF(v)
+}
