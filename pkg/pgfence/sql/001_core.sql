@@ -41,6 +41,7 @@ CREATE TABLE fencekeeper.grants (
     published_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX grants_holder ON fencekeeper.grants (resource_id, fence DESC) WHERE ended_at IS NULL;
+CREATE INDEX grants_fence ON fencekeeper.grants (resource_id, fence);
 
 -- Every accepted segment, kept while its fence is the resource's highest.
 CREATE TABLE fencekeeper.receipts (
@@ -55,7 +56,7 @@ CREATE TABLE fencekeeper.receipts (
     PRIMARY KEY (resource_id, fence, segment)
 );
 CREATE INDEX receipts_operation ON fencekeeper.receipts (resource_id, operation);
-CREATE INDEX receipts_xact ON fencekeeper.receipts (xact_id);
+CREATE INDEX receipts_xact ON fencekeeper.receipts (xact_id, resource_id);
 
 -- refuse raises a refusal: SQLSTATE FK000 (a class of its own), the message
 -- starting with the verdict code, the original receipt as the DETAIL.
@@ -69,7 +70,7 @@ END $$;
 -- envelope_problem says what makes the envelope unreadable (NULL when it is
 -- well formed): the same members and limits as the fence annotation's.
 CREATE FUNCTION fencekeeper.envelope_problem(env jsonb)
-RETURNS text LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog AS $$
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     k text;
 BEGIN
@@ -114,8 +115,8 @@ END $$;
 
 -- receipt_digest is fence.ReceiptDigest.
 CREATE FUNCTION fencekeeper.receipt_digest(resource text, fence bigint, root text, segment bigint, operation text, payload text)
-RETURNS text LANGUAGE sql IMMUTABLE SET search_path = pg_catalog AS $$
-    SELECT 'sha256:' || encode(sha256(convert_to(
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'sha256:' || pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
         resource || E'\n' || fence || E'\n' || root || E'\n' || segment || E'\n' || operation || E'\n' || payload, 'UTF8')), 'hex')
 $$;
 
