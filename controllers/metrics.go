@@ -59,6 +59,15 @@ var (
 		Name: "fencekeeper_issuer_epoch",
 		Help: "The issuer epoch this replica issues under; 0 while it does not lead.",
 	})
+	storePublications = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencekeeper_store_publications_total",
+		Help: "Publications of the registry to a PostgreSQL store (spec.stores), by result (ok, error).",
+	}, []string{"result"})
+	storePublishDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "fencekeeper_store_publish_duration_seconds",
+		Help:    "Time one publication to one store took (one transaction), failures included.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencekeeper_build_info",
 		Help: "Always 1; the labels name the running build (empty when not stamped with -ldflags).",
@@ -67,7 +76,8 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
-		registryWrites, casConflicts, uncachedGrantReads, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo)
+		registryWrites, casConflicts, uncachedGrantReads, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo,
+		storePublications, storePublishDuration)
 	v := version.Get()
 	buildInfo.WithLabelValues(v.Version, v.Commit).Set(1)
 }

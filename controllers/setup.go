@@ -90,5 +90,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*IssuerIdentity, e
 	if err := (&TrustBundleReconciler{Client: mgr.GetClient(), Identity: identity, Name: name("trust-bundle")}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
+	if err := (&StorePublisher{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Identity: identity,
+		Recorder: mgr.GetEventRecorder("fencekeeper-stores"), Name: name("store-publisher")}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
 	return identity, nil
 }

@@ -35,6 +35,11 @@ const (
 	// EventReasonNamespaceExempt: the operator removed the enrollment label
 	// from an exempt namespace (on the Namespace).
 	EventReasonNamespaceExempt = "NamespaceExempt"
+	// EventReasonStorePublishFailed: a store in spec.stores stopped taking
+	// what the operator publishes (once per failure, not per retry).
+	EventReasonStorePublishFailed = "StorePublishFailed"
+	// EventReasonStoreRecovered: a failing store takes publications again.
+	EventReasonStoreRecovered = "StoreRecovered"
 )
 
 // EventReasons are every reason an operator Event may carry.
@@ -42,6 +47,7 @@ var EventReasons = []string{
 	EventReasonWriteDenied, EventReasonWriteQuarantined, EventReasonNamespaceTeardown, EventReasonBreakGlass,
 	EventReasonNamespaceDeletion, EventReasonLeaseExtended, EventReasonWebhookConfigurationDrift,
 	EventReasonWebhookConfigurationAdopted, EventReasonTrustAnchorPolicyDrift, EventReasonNamespaceExempt,
+	EventReasonStorePublishFailed, EventReasonStoreRecovered,
 	// The issuer's Events about a grant whose holder ended, and the
 	// reconciliation controller's.
 	ReasonExpired, ReasonDeleted, ReasonRevoked, ReasonPolicyChanged, ReasonNoSuchResource,

@@ -27,6 +27,18 @@ const (
 	ConditionFenceRegression = "FenceRegression"
 	// ConditionReconciliationRequired is True when a mutation outcome could not be determined.
 	ConditionReconciliationRequired = "ReconciliationRequired"
+	// ConditionStoresPublished is True while every store in spec.stores
+	// takes what the operator publishes; absent without stores.
+	ConditionStoresPublished = "StoresPublished"
+)
+
+// Reasons of a store's status and of the StoresPublished condition.
+const (
+	ReasonStorePublished          = "Published"
+	ReasonStoreSecretNotFound     = "SecretNotFound"
+	ReasonStoreUnreachable        = "StoreUnreachable"
+	ReasonStoreSchemaNotInstalled = "SchemaNotInstalled"
+	ReasonStorePublishFailed      = "PublishFailed"
 )
 
 // Condition reasons of a FencedResource.
@@ -120,6 +132,69 @@ type FencedResourceSpec struct {
 	// +kubebuilder:validation:Maximum=4611686018427387904
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fenceFloor may only grow"
 	FenceFloor int64 `json:"fenceFloor,omitempty"`
+
+	// stores names the PostgreSQL databases that fence writes of this
+	// resource too: the operator publishes every grant, its renewals and
+	// its end there (docs/postgres.md). Each is a Secret in this namespace
+	// holding the operator's DSN.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Stores []StoreReference `json:"stores,omitempty"`
+}
+
+// StoreReference names a database store and the Secret holding the DSN the
+// operator publishes with.
+type StoreReference struct {
+	// name identifies the store in status.stores and in Events (a DNS label).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// secretRef is the Secret, in the FencedResource's namespace, holding the DSN.
+	// +required
+	SecretRef StoreSecretReference `json:"secretRef"`
+}
+
+// StoreSecretReference is a key of a Secret in the FencedResource's namespace.
+type StoreSecretReference struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+	// key holding a libpq DSN (keyword/value or URL) for the operator's database role.
+	// +optional
+	// +kubebuilder:default=dsn
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key,omitempty"`
+}
+
+// StoreStatus is a store's publication health. It is written when it
+// changes, not for every grant: the registry's compare-and-swap writes are
+// the issuer's, and a write per grant here would make them conflict.
+type StoreStatus struct {
+	// name is the store's name in spec.stores.
+	// +required
+	Name string `json:"name"`
+	// ready is true while the store takes what the operator publishes.
+	// +required
+	Ready bool `json:"ready"`
+	// reason is a CamelCase word: Published, SecretNotFound, StoreUnreachable, SchemaNotInstalled or PublishFailed.
+	// +required
+	Reason string `json:"reason"`
+	// message says what happened and what to do.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+	// lastTransitionTime is when ready or reason last changed.
+	// +required
+	LastTransitionTime metav1.Time `json:"lastTransitionTime"`
 }
 
 // Holder is the registry's record of the current grant. It is the source of
@@ -296,7 +371,13 @@ type FencedResourceStatus struct {
 	// Written only by the acceptance webhook.
 	// +optional
 	DeletedTarget *DeletedTarget `json:"deletedTarget,omitempty"`
-	// conditions: Ready, Held, FenceRegression, ReconciliationRequired.
+	// stores is the publication health of each store in spec.stores.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Stores []StoreStatus `json:"stores,omitempty"`
+	// conditions: Ready, Held, FenceRegression, ReconciliationRequired, StoresPublished.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
