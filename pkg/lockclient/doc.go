@@ -68,6 +68,18 @@
 // reported NOT_HELD that landed seconds later). Deletes follow the same rule
 // with their resourceVersion precondition.
 //
+// A grant fences writes to a PostgreSQL database too (pkg/pgfence, a store
+// the FencedResource names in spec.stores): Operation.CommitStore runs the
+// caller's change in a transaction whose first statement begins the next
+// segment at the database, which refuses it as the webhook would. It waits
+// until the operator has published the grant there, numbers the segment
+// from the store's fence state, and gives the same results as Commit: a
+// *DenialError for a refusal, ErrExpired and the like from Guard, and
+// ErrMutationUnknown (recorded on the LockGrant) for a COMMIT whose answer
+// was lost and that the receipts cannot decide; one they prove absent is
+// committed again. It takes a pool (*pgxpool.Pool): a lost answer is
+// resolved on another connection than the one that was cut.
+//
 // Deleting a protected object is a fenced step too (Operation.Delete): the
 // webhook lets the owner of the current grant delete only after that grant
 // committed a segment declaring intent "delete" as the object's last one, so
