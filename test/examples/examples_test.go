@@ -10,15 +10,20 @@ import (
 	"path/filepath"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/internal/operator"
+	"github.com/fencekeeper/fencekeeper/internal/pgserver"
+	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
 )
 
 func TestLockclientExamples(t *testing.T) {
@@ -35,6 +40,7 @@ func TestLockclientExamples(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = op.Stop() })
 	kubeconfig := setUp(ctx, t, cp)
+	storeDSN := setUpStore(ctx, t, cp)
 
 	root, err := localcp.RepoRoot()
 	if err != nil {
@@ -42,7 +48,7 @@ func TestLockclientExamples(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-v", "-run", "^Example", "./pkg/lockclient")
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "FENCEKEEPER_EXAMPLES_KUBECONFIG="+kubeconfig)
+	cmd.Env = append(os.Environ(), "FENCEKEEPER_EXAMPLES_KUBECONFIG="+kubeconfig, "FENCEKEEPER_EXAMPLES_STORE_DSN="+storeDSN)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
@@ -50,7 +56,7 @@ func TestLockclientExamples(t *testing.T) {
 	}
 	// Every example ran and passed (a skipped or filtered one would not print PASS).
 	passed := regexp.MustCompile(`(?m)^--- PASS: Example`).FindAll(out, -1)
-	if want := 4; len(passed) != want {
+	if want := 5; len(passed) != want {
 		t.Fatalf("%d examples passed, want %d", len(passed), want)
 	}
 }
@@ -87,4 +93,54 @@ func setUp(ctx context.Context, t *testing.T, cp *localcp.ControlPlane) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// setUpStore starts the PostgreSQL database ExampleOperation_CommitStore
+// writes (the fencekeeper schema, a protected table ledger, an operator and
+// a worker role), names it as the store of FencedResource "ledger" for the
+// operator to publish to, and returns the worker's DSN.
+func setUpStore(ctx context.Context, t *testing.T, cp *localcp.ControlPlane) string {
+	start, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	srv, err := pgserver.Start(start, pgserver.Options{Fast: true})
+	if err != nil {
+		t.Fatalf("the store example needs PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	if err := srv.Exec(ctx, "postgres", "CREATE ROLE fk_operator LOGIN; CREATE ROLE fk_worker LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CreateDatabase(ctx, "ledger"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, srv.DSN("ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	if err := pgfence.Install(ctx, conn, pgfence.InstallOptions{OperatorRole: "fk_operator", WorkerRoles: []string{"fk_worker"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE ledger (id int PRIMARY KEY, amount text NOT NULL); GRANT SELECT, INSERT, UPDATE ON ledger TO fk_worker"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgfence.Protect(ctx, conn, "ledger", "billing/ledger"); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := cp.AdminClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "ledger-store"},
+		StringData: map[string]string{"dsn": srv.DSN("ledger") + " user=fk_operator"}}
+	fr := &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "ledger"}, Spec: locksv1.FencedResourceSpec{
+		ResourceID: "billing/ledger", LeaseDurationSeconds: 30, Enforcement: locksv1.EnforcementEnforce,
+		Stores: []locksv1.StoreReference{{Name: "ledger", SecretRef: locksv1.StoreSecretReference{Name: "ledger-store"}}},
+	}}
+	for _, o := range []client.Object{secret, fr} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv.DSN("ledger") + " user=fk_worker"
 }
