@@ -69,7 +69,7 @@
 // with their resourceVersion precondition.
 //
 // A grant fences writes to a PostgreSQL database too (pkg/pgfence, a store
-// the FencedResource names in spec.stores): Operation.CommitStore runs the
+// the FencedResource names in spec.stores): Operation.CommitTx runs the
 // caller's change in a transaction whose first statement begins the next
 // segment at the database, which refuses it as the webhook would. It waits
 // until the operator has published the grant there, numbers the segment

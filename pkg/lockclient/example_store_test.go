@@ -18,10 +18,10 @@ import (
 // test/examples starts that database and sets it.
 const examplesStoreDSN = "FENCEKEEPER_EXAMPLES_STORE_DSN"
 
-// ExampleOperation_CommitStore writes a ledger row to PostgreSQL under the
+// ExampleOperation_CommitTx writes a ledger row to PostgreSQL under the
 // grant: the database itself refuses the segment unless the grant is the
 // current one, so a worker whose lease ended cannot land it.
-func ExampleOperation_CommitStore() {
+func ExampleOperation_CommitTx() {
 	ctx := context.Background()
 	db, err := pgxpool.New(ctx, os.Getenv(examplesStoreDSN))
 	if err != nil {
@@ -40,7 +40,7 @@ func ExampleOperation_CommitStore() {
 	if err != nil {
 		panic(err)
 	}
-	receipt, err := lock.Operation("post-2026-07-19").CommitStore(ctx, db, payload, func(tx pgx.Tx) error {
+	receipt, err := lock.Operation("post-2026-07-19").CommitTx(ctx, db, payload, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "INSERT INTO ledger (id, amount) VALUES ($1, $2)", entry["id"], entry["amount"])
 		return err
 	})

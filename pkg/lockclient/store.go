@@ -14,7 +14,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
 )
 
-// storeAttempts bounds how often CommitStore numbers a segment again after
+// storeAttempts bounds how often CommitTx numbers a segment again after
 // another commit took the number, or after a lost COMMIT proven absent.
 const storeAttempts = 8
 
@@ -22,7 +22,7 @@ const storeAttempts = 8
 // LockGrant (fencekeeper.dev/unresolved-mutation: "PostgreSQL/<resourceID>").
 const StoreKind = "PostgreSQL"
 
-// CommitStore commits the next segment of the operation to a PostgreSQL
+// CommitTx commits the next segment of the operation to a PostgreSQL
 // database under the lock's grant: fn makes the change in the transaction
 // whose first statement, fencekeeper.begin_segment, accepted the segment
 // (pgfence.Commit), and payload is the caller's digest of that change
@@ -49,7 +49,7 @@ const StoreKind = "PostgreSQL"
 //   - ErrMutationUnknown (an *UnknownOutcomeError, Object "PostgreSQL/<resourceID>"):
 //     the receipts could not decide a COMMIT whose answer was lost; it is
 //     recorded on the LockGrant for reconciliation, as Commit does.
-func (op *Operation) CommitStore(ctx context.Context, db pgfence.Pool, payload string, fn func(pgx.Tx) error) (fence.Receipt, error) {
+func (op *Operation) CommitTx(ctx context.Context, db pgfence.Pool, payload string, fn func(pgx.Tx) error) (fence.Receipt, error) {
 	var taken error
 	for attempt := 0; attempt < storeAttempts; attempt++ {
 		if err := op.lock.Guard(); err != nil {

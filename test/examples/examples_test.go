@@ -95,7 +95,7 @@ func setUp(ctx context.Context, t *testing.T, cp *localcp.ControlPlane) string {
 	return path
 }
 
-// setUpStore starts the PostgreSQL database ExampleOperation_CommitStore
+// setUpStore starts the PostgreSQL database ExampleOperation_CommitTx
 // writes (the fencekeeper schema, a protected table ledger, an operator and
 // a worker role), names it as the store of FencedResource "ledger" for the
 // operator to publish to, and returns the worker's DSN.

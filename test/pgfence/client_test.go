@@ -22,7 +22,7 @@ import (
 
 // TestClientCommitsToTheStore is the worker's path end to end: lockclient
 // acquires from the embedded control plane, the operator publishes the
-// grant to the store the FencedResource names, and Operation.CommitStore
+// grant to the store the FencedResource names, and Operation.CommitTx
 // commits segments there. Then the stale story: A's lease expires unrenewed,
 // B takes over and writes; A's lock knows it expired (ErrExpired, nothing
 // sent), and what a paused A would still send is refused by the database
@@ -73,7 +73,7 @@ func TestClientCommitsToTheStore(t *testing.T) {
 	opA := lockA.Operation("settle-a")
 	for i, amount := range []string{"100", "120"} {
 		payload, fn := change(amount)
-		r, err := opA.CommitStore(ctx, pool, payload, fn)
+		r, err := opA.CommitTx(ctx, pool, payload, fn)
 		if err != nil || r.Fence != 1 || r.Segment != int64(i+1) {
 			t.Fatalf("A's segment %d: %+v, %v", i+1, r, err)
 		}
@@ -83,13 +83,13 @@ func TestClientCommitsToTheStore(t *testing.T) {
 	must(t, err)
 	defer lockB.Orphan()
 	payload, fn := change("250")
-	r, err := lockB.Operation("settle-b").CommitStore(ctx, pool, payload, fn)
+	r, err := lockB.Operation("settle-b").CommitTx(ctx, pool, payload, fn)
 	if err != nil || r.Fence != 2 || r.Segment != 1 {
 		t.Fatalf("B's segment: %+v, %v", r, err)
 	}
 
 	payload, fn = change("999")
-	if _, err := opA.CommitStore(ctx, pool, payload, fn); !errors.Is(err, lockclient.ErrExpired) {
+	if _, err := opA.CommitTx(ctx, pool, payload, fn); !errors.Is(err, lockclient.ErrExpired) {
 		t.Fatalf("A after its lease ended: %v, want ErrExpired", err)
 	}
 	g, proof := lockA.Grant()
