@@ -45,7 +45,7 @@ const storeCallTimeout = 5 * time.Second
 //
 // It is a controller of its own, so a store that is down delays only its own
 // grants' first segment, never the issuing of any grant; a failing store is
-// retried with backoff (at most storeRetryMax apart), and its health is
+// retried with backoff (at most storeRetryLongest apart), and its health is
 // written to status.stores and the StoresPublished condition only when it
 // changes.
 type StorePublisher struct {
@@ -60,8 +60,8 @@ type StorePublisher struct {
 }
 
 const (
-	storeRetryMin = 500 * time.Millisecond
-	storeRetryMax = 30 * time.Second
+	storeRetryFirst = 500 * time.Millisecond
+	storeRetryLongest = 30 * time.Second
 )
 
 // SetupWithManager watches FencedResources that name stores (and those that
@@ -79,7 +79,7 @@ func (r *StorePublisher) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	o := controllerOptions(r.Name != "")
 	o.MaxConcurrentReconciles = 4
-	o.RateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](storeRetryMin, storeRetryMax)
+	o.RateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](storeRetryFirst, storeRetryLongest)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(&locksv1.FencedResource{}, builder.WithPredicates(named)).
@@ -217,13 +217,13 @@ func (r *StorePublisher) dsn(ctx context.Context, namespace string, ref locksv1.
 	sec := &corev1.Secret{}
 	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, sec); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", fmt.Errorf("Secret %s/%s not found: create it with the operator role's DSN under key %s", namespace, ref.Name, secretKey(ref))
+			return "", fmt.Errorf("the Secret %s/%s is not found: create it with the operator role's DSN under key %s", namespace, ref.Name, secretKey(ref))
 		}
 		return "", fmt.Errorf("reading Secret %s/%s: %v", namespace, ref.Name, err)
 	}
 	v, ok := sec.Data[secretKey(ref)]
 	if !ok || len(v) == 0 {
-		return "", fmt.Errorf("Secret %s/%s has no key %s: put the operator role's DSN there", namespace, ref.Name, secretKey(ref))
+		return "", fmt.Errorf("the Secret %s/%s has no key %s: put the operator role's DSN there", namespace, ref.Name, secretKey(ref))
 	}
 	return string(v), nil
 }
