@@ -60,7 +60,7 @@ type StorePublisher struct {
 }
 
 const (
-	storeRetryFirst = 500 * time.Millisecond
+	storeRetryFirst   = 500 * time.Millisecond
 	storeRetryLongest = 30 * time.Second
 )
 
