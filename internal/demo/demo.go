@@ -10,7 +10,11 @@
 //  3. the issuer, on its own clock, expires worker-a's grant; worker-b, queued,
 //     takes over with fence 2 and commits its result;
 //  4. worker-a resumes: its write still carries fence 1 and is refused with
-//     STALE_OWNER; worker-b's data survives.
+//     STALE_OWNER; worker-b's data survives;
+//  5. the same incident on an invoices row of a real PostgreSQL (a
+//     FencedResource naming it as a store; the operator publishes the
+//     grants): worker-a pauses just before sending its next segment, and the
+//     database itself refuses it with STALE_OWNER; worker-b's row survives.
 //
 // Run prints the timeline, the final object and the Events, and fails unless
 // every expected verdict was observed. cmd/demo (make demo) and test/demo run it.
@@ -44,8 +48,8 @@ const (
 	resource   = "invoice-batch-2026-07-19"
 	resourceID = "invoice-batch/2026-07-19"
 	leaseTTL   = 2 * time.Second
-	// pause is how long worker-a stalls: well past its lease.
-	pause = 3 * leaseTTL
+	// pauseFor is how long worker-a stalls: well past its lease.
+	pauseFor = 3 * leaseTTL
 )
 
 // Main starts the embedded control plane and the operator, plays the story
@@ -69,7 +73,7 @@ func Main(ctx context.Context, out io.Writer) (err error) {
 
 // Run plays the story on a running control plane and operator.
 func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
-	ctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	admin, err := cp.AdminClient()
 	if err != nil {
@@ -79,7 +83,7 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 	if err := s.protect(ctx, admin); err != nil {
 		return err
 	}
-	a, stall, err := newWorker(ctx, cp, "worker-a")
+	a, pauseA, err := newWorker(ctx, cp, "worker-a")
 	if err != nil {
 		return err
 	}
@@ -101,8 +105,8 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 
 	// 2. worker-a stalls in the middle of segment 2, right after its guard
 	// said HELD: the read of the object is the first request held back.
-	stall.arm(pause)
-	s.tl.log("worker-a", "stalls", "mid-commit of segment 2 for %s (lease %s): none of its requests leave", pause, leaseTTL)
+	pauseA.arm(pauseFor)
+	s.tl.log("worker-a", "stalls", "mid-commit of segment 2 for %s (lease %s): none of its requests leave", pauseFor, leaseTTL)
 	aDone := make(chan committed, 1)
 	go func() {
 		r, err := opA.Commit(ctx, cm.DeepCopy(), func() error {
@@ -130,6 +134,9 @@ func Run(ctx context.Context, out io.Writer, cp *localcp.ControlPlane) error {
 	s.tl.log("worker-b", "released", "")
 
 	if err := s.outcome(ctx, admin, bData); err != nil {
+		return err
+	}
+	if err := s.playDatabase(ctx, admin, workers{a: a, b: b, pauseA: pauseA}); err != nil {
 		return err
 	}
 	return s.exp.report(out)
@@ -260,46 +267,24 @@ func (s *story) outcome(ctx context.Context, admin client.Client, bData map[stri
 	return printEvents(ctx, s.out, admin, &s.exp)
 }
 
-// newWorker makes a worker user and its client; the worker's transport can be
-// stalled like a paused process.
-func newWorker(ctx context.Context, cp *localcp.ControlPlane, name string) (*lockclient.Client, *stall, error) {
+// newWorker makes a worker user and its client; the worker can be paused.
+func newWorker(ctx context.Context, cp *localcp.ControlPlane, name string) (*lockclient.Client, *pause, error) {
 	u, err := cp.AddUser(name, localcp.WorkersGroup)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg := rest.CopyConfig(u.Config())
-	s := &stall{}
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return s.wrap(rt) })
+	p := &pause{}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return p.wrap(rt) })
 	c, err := lockclient.NewForConfig(ctx, cfg, namespace)
-	return c, s, err
+	return c, p, err
 }
 
-// stall holds back a worker's requests, like a process that stopped running
-// (a GC pause, a SIGSTOP, a VM migration): once armed, the next GET of a
-// ConfigMap and every request after it waits until the pause is over.
-type stall struct {
-	mu    sync.Mutex
-	d     time.Duration
-	until time.Time
-}
-
-func (s *stall) arm(d time.Duration) {
-	s.mu.Lock()
-	s.d = d
-	s.mu.Unlock()
-}
-
-func (s *stall) wrap(rt http.RoundTripper) http.RoundTripper {
+// wrap holds back the worker's API requests while it is paused; the next GET
+// of a ConfigMap triggers an armed pause (the ConfigMap story's stall).
+func (p *pause) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper(func(req *http.Request) (*http.Response, error) {
-		s.mu.Lock()
-		if s.d > 0 && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/configmaps/") {
-			s.until, s.d = time.Now().Add(s.d), 0
-		}
-		wait := time.Until(s.until)
-		s.mu.Unlock()
-		if wait > 0 {
-			time.Sleep(wait) // a paused process does not notice its deadlines either
-		}
+		p.hold(req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/configmaps/"))
 		return rt.RoundTrip(req)
 	})
 }
@@ -374,7 +359,7 @@ func (e *expectations) report(out io.Writer) error {
 	if len(e.failed) > 0 {
 		return fmt.Errorf("%d of %d expectations failed", len(e.failed), len(e.failed)+len(e.passed))
 	}
-	fmt.Fprintln(out, "\nThe stale owner's write was refused at the acceptance point; worker-b's result survived.")
+	fmt.Fprintln(out, "\nThe stale owner's writes were refused, at the acceptance point and by the database; worker-b's results survived.")
 	return nil
 }
 
