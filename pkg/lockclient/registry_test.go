@@ -48,7 +48,8 @@ func TestObserveIgnoresALaggingMirror(t *testing.T) {
 	if l.State() != StateHeld || l.Fence() != 3 {
 		t.Fatalf("state %s, fence %d after a lagging mirror", l.State(), l.Fence())
 	}
-	l.applyView(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased, Grant: &locksv1.GrantDocument{FenceToken: 3}}})
+	l.applyView(&locksv1.LockGrant{Spec: locksv1.LockGrantSpec{Release: true},
+		Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseReleased, Grant: &locksv1.GrantDocument{FenceToken: 3}}})
 	if l.State() != StateReleased {
 		t.Fatalf("state %s after the mirror showed the release", l.State())
 	}
@@ -60,17 +61,21 @@ func TestObserveIgnoresALaggingMirror(t *testing.T) {
 // the lock, and the grant it held stays readable.
 func TestObserveEndsOnATerminalPhaseWithoutTheGrant(t *testing.T) {
 	for _, c := range []struct {
-		phase locksv1.LockGrantPhase
-		state State
-		err   error
+		phase   locksv1.LockGrantPhase
+		release bool
+		state   State
+		err     error
 	}{
-		{locksv1.PhaseReleased, StateReleased, ErrReleased},
-		{locksv1.PhaseExpired, StateExpired, ErrExpired},
-		{locksv1.PhaseRevoked, StateExpired, ErrExpired},
+		{locksv1.PhaseReleased, true, StateReleased, ErrReleased},
+		// Released without a release request: the issuer ended a deleted
+		// holder; for the lock that is the server ending it, not a release.
+		{locksv1.PhaseReleased, false, StateExpired, ErrExpired},
+		{locksv1.PhaseExpired, false, StateExpired, ErrExpired},
+		{locksv1.PhaseRevoked, false, StateExpired, ErrExpired},
 	} {
 		held := &locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: locksv1.PhaseHeld, Grant: &locksv1.GrantDocument{FenceToken: 3}}}
 		l := &Lock{view: held, state: StateHeld, done: make(chan struct{})}
-		l.applyView(&locksv1.LockGrant{Status: locksv1.LockGrantStatus{Phase: c.phase}})
+		l.applyView(&locksv1.LockGrant{Spec: locksv1.LockGrantSpec{Release: c.release}, Status: locksv1.LockGrantStatus{Phase: c.phase}})
 		if l.State() != c.state || !errors.Is(l.Err(), c.err) || l.Fence() != 3 {
 			t.Errorf("%s without the grant: state %s, err %v, fence %d; want %s, %v, 3", c.phase, l.State(), l.Err(), l.Fence(), c.state, c.err)
 		}

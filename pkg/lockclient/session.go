@@ -122,11 +122,16 @@ func (l *Lock) applyView(lg *locksv1.LockGrant) {
 	l.view = lg
 	pending := l.pending
 	l.mu.Unlock()
-	why := ""
-	if lg.Status.Phase != locksv1.PhaseReleased {
+	phase, why := lg.Status.Phase, ""
+	switch {
+	case phase == locksv1.PhaseReleased && !lg.Spec.Release:
+		// The issuer ends a deleted holder as Released; nobody asked this
+		// lock to release, so for it the grant ended on the server's word.
+		phase, why = locksv1.PhaseExpired, "the LockGrant was deleted: "+conditionMessage(lg)
+	case phase != locksv1.PhaseReleased:
 		why = conditionMessage(lg)
 	}
-	l.advance(Event{Kind: EventObserved, Phase: lg.Status.Phase, Confirmed: lg.Status.ObservedRenewals >= pending, Why: why})
+	l.advance(Event{Kind: EventObserved, Phase: phase, Confirmed: lg.Status.ObservedRenewals >= pending, Why: why})
 }
 
 // renewOrQuery runs once per interval: after an unconfirmed renewal it asks the
