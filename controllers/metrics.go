@@ -68,6 +68,10 @@ var (
 		Help:    "Time one publication to one store took (one transaction), failures included.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	})
+	storesFailing = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fencekeeper_stores_failing",
+		Help: "Stores (spec.stores entries, over every FencedResource) whose last publication failed.",
+	})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencekeeper_build_info",
 		Help: "Always 1; the labels name the running build (empty when not stamped with -ldflags).",
@@ -77,7 +81,7 @@ var (
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
 		registryWrites, casConflicts, uncachedGrantReads, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo,
-		storePublications, storePublishDuration)
+		storePublications, storePublishDuration, storesFailing)
 	v := version.Get()
 	buildInfo.WithLabelValues(v.Version, v.Commit).Set(1)
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,43 +29,55 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
 )
 
-// storeCallTimeout bounds one publication to one store: a store that hangs
-// holds one of the publisher's workers this long, never the issuer.
+// storeCallTimeout bounds one publication to one store (connecting
+// included): a store that hangs holds one of the publisher's workers this
+// long, never the issuer.
 const storeCallTimeout = 5 * time.Second
 
-// The DSN Secrets are read one by one (get only: never listed or watched).
+// The publisher's retries: controller-runtime's per-item exponential
+// backoff, from storeRetryFirst up to storeRetryLongest apart.
+const (
+	storeRetryFirst   = 500 * time.Millisecond
+	storeRetryLongest = 30 * time.Second
+	// storeWorkers bounds how many FencedResources publish at once.
+	storeWorkers = 4
+)
+
+// The DSN Secrets are read one by one around the cache (get only: never
+// listed, watched or cached).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 
 // StorePublisher publishes the registry to the PostgreSQL stores a
 // FencedResource names (spec.stores): the resource's mode and policy
 // generation, the issuer's revocation, the holder the allocating
-// compare-and-swap wrote (with its expiry, which renewals raise), and the
-// end of every other grant still open at the store. A database cannot
-// verify Ed25519: what it accepts is what this publishes.
+// compare-and-swap wrote (status.holder, with its expiry, which renewals
+// raise), and the end of every other grant still open at the store. A
+// database cannot verify Ed25519: what it accepts is what this publishes.
 //
-// It is a controller of its own, so a store that is down delays only its own
-// grants' first segment, never the issuing of any grant; a failing store is
-// retried with backoff (at most storeRetryLongest apart), and its health is
-// written to status.stores and the StoresPublished condition only when it
-// changes.
+// It is a controller of its own (its own workqueue and workers), so a store
+// that is down delays only the first segment of its own resource's grants,
+// never the issuing of any grant. A failing store is retried with backoff;
+// status.stores and the StoresPublished condition are written in one status
+// write, only when they change.
 type StorePublisher struct {
 	Client client.Client
-	// Reader reads the DSN Secrets around the cache: the operator never
-	// caches (or lists) Secrets.
+	// Reader reads the DSN Secrets around the cache.
 	Reader   client.Reader
 	Identity *IssuerIdentity
 	Recorder events.EventRecorder
 	Name     string
-	pools    storePools
+
+	pools storePools
+	// grantUIDs remembers the LockGrant UID of each holder published, by
+	// resource and digest, to end it at the store with the registry's reason.
+	mu        sync.Mutex
+	grantUIDs map[types.NamespacedName]map[string]string
+	failing   map[storeKey]bool
 }
 
-const (
-	storeRetryFirst   = 500 * time.Millisecond
-	storeRetryLongest = 30 * time.Second
-)
-
 // SetupWithManager watches FencedResources that name stores (and those that
-// stop naming them, to close their connections).
+// stop naming them, to close their connections), and follows the issuer's
+// resyncs (a raised revokedBelowEpoch).
 func (r *StorePublisher) SetupWithManager(mgr ctrl.Manager) error {
 	name := r.Name
 	if name == "" {
@@ -78,11 +90,12 @@ func (r *StorePublisher) SetupWithManager(mgr ctrl.Manager) error {
 		GenericFunc: func(e event.GenericEvent) bool { return hasStores(e.Object) },
 	}
 	o := controllerOptions(r.Name != "")
-	o.MaxConcurrentReconciles = 4
+	o.MaxConcurrentReconciles = storeWorkers
 	o.RateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](storeRetryFirst, storeRetryLongest)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(&locksv1.FencedResource{}, builder.WithPredicates(named)).
+		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WithOptions(o).
 		Complete(r)
 }
@@ -92,8 +105,9 @@ func hasStores(o client.Object) bool {
 	return ok && len(fr.Spec.Stores) > 0
 }
 
-// Reconcile publishes to every store of the FencedResource: gather, publish
-// (idempotent), then write the stores' health if it changed, then Events.
+// Reconcile publishes to every store of the FencedResource: gather the
+// entry, publish to each store (idempotent, in parallel), decide the
+// status, write it if it changed, then record the Events.
 func (r *StorePublisher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	if err := r.Identity.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
@@ -101,27 +115,29 @@ func (r *StorePublisher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	fr := &locksv1.FencedResource{}
 	if err := r.Client.Get(ctx, req.NamespacedName, fr); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.pools.closeResource(req.NamespacedName, nil)
+			r.forget(req.NamespacedName, nil)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
 	}
-	r.pools.closeResource(req.NamespacedName, fr.Spec.Stores)
-	pub := publicationOf(fr, r.Identity.state().revokedBelow)
-	outcomes := make([]storeOutcome, 0, len(fr.Spec.Stores))
-	for _, s := range fr.Spec.Stores {
-		outcomes = append(outcomes, r.publishTo(ctx, fr, s, pub))
+	r.forget(req.NamespacedName, fr.Spec.Stores)
+	if len(fr.Spec.Stores) == 0 {
+		return ctrl.Result{}, r.clearStatus(ctx, fr)
 	}
-	next, changes, changed := decideStoreStatuses(fr.Status.Stores, outcomes, metav1.Now())
-	if changed {
-		if err := r.writeStatus(ctx, fr, next); err != nil {
+	outcomes := r.publishAll(ctx, fr, publicationOf(fr, r.Identity.state().revokedBelow))
+	next, evs, changed := decideStoreStatuses(fr.Status.Stores, outcomes, metav1.Now())
+	cond := storesCondition(next, fr.Generation)
+	if changed || conditionChanged(fr.Status.Conditions, cond) {
+		if err := r.writeStatus(ctx, fr, next, cond); err != nil {
 			return ctrl.Result{}, err
 		}
-		r.emit(fr, changes)
+		r.emit(fr, evs)
 	}
+	r.countFailing(req.NamespacedName, outcomes)
 	for _, o := range outcomes {
-		if !o.ready {
-			return ctrl.Result{}, fmt.Errorf("store %s of %s: %s", o.name, req.NamespacedName, o.message)
+		if !o.ok {
+			// controller-runtime's rate-limited backoff retries it.
+			return ctrl.Result{}, fmt.Errorf("store %s of %s: %s", o.name, req.NamespacedName, o.reason)
 		}
 	}
 	return ctrl.Result{}, nil
@@ -129,62 +145,88 @@ func (r *StorePublisher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 
 // publication is what every store of a resource receives.
 type publication struct {
-	resourceID   string
-	mode         pgfence.Mode
-	generation   int64
-	revokedBelow int64
-	holder       *grant.Grant
-	expiresAt    time.Time
+	resource      types.NamespacedName
+	resourceID    string
+	mode          pgfence.Mode
+	generation    int64
+	revokedBelow  int64
+	holder        *grant.Grant
+	holderUID     string
+	expiresAt     time.Time
+	recentlyEnded []locksv1.EndedGrant
 }
 
+// publicationOf is the registry's current truth for the stores. The policy
+// generation is metadata.generation, the one the issuer signs into grants
+// (policyGeneration) and the acceptance webhook compares them with.
 func publicationOf(fr *locksv1.FencedResource, revokedBelow int64) publication {
-	p := publication{resourceID: fr.Spec.ResourceID, mode: pgfence.Shadow, generation: fr.Generation, revokedBelow: revokedBelow}
+	p := publication{resource: client.ObjectKeyFromObject(fr), resourceID: fr.Spec.ResourceID, mode: pgfence.Shadow,
+		generation: fr.Generation, revokedBelow: revokedBelow, recentlyEnded: fr.Status.RecentlyEnded}
 	if fr.Spec.Enforcement == locksv1.EnforcementEnforce {
 		p.mode = pgfence.Enforce
 	}
 	if h := fr.Status.Holder; h != nil {
 		g := h.Grant(fr.Spec.ResourceID)
-		p.holder, p.expiresAt = &g, h.ExpiresAt.Time
+		p.holder, p.holderUID, p.expiresAt = &g, h.GrantUID, h.ExpiresAt.Time
 	}
 	return p
 }
 
-// storeOutcome is one store's result of a publication.
-type storeOutcome struct {
-	name, reason, message string
-	ready                 bool
+// publishAll publishes to every store at once: a slow store does not hold
+// the others back.
+func (r *StorePublisher) publishAll(ctx context.Context, fr *locksv1.FencedResource, p publication) []storeOutcome {
+	outcomes := make([]storeOutcome, len(fr.Spec.Stores))
+	var wg sync.WaitGroup
+	for i, s := range fr.Spec.Stores {
+		wg.Go(func() { outcomes[i] = r.publishTo(ctx, fr, s, p) })
+	}
+	wg.Wait()
+	return outcomes
 }
 
 func (r *StorePublisher) publishTo(ctx context.Context, fr *locksv1.FencedResource, s locksv1.StoreReference, p publication) storeOutcome {
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
+	start := time.Now()
+	out := r.publishOnce(ctx, fr.Namespace, s, p)
+	storePublishDuration.Observe(time.Since(start).Seconds())
+	if out.ok {
+		storePublications.WithLabelValues("ok").Inc()
+	} else {
+		storePublications.WithLabelValues("error").Inc()
+	}
+	return out
+}
+
+func (r *StorePublisher) publishOnce(ctx context.Context, namespace string, s locksv1.StoreReference, p publication) storeOutcome {
 	out := storeOutcome{name: s.Name}
-	dsn, err := r.dsn(ctx, fr.Namespace, s.SecretRef)
+	sec, err := r.secret(ctx, namespace, s.SecretRef)
 	if err != nil {
 		out.reason, out.message = locksv1.ReasonStoreSecretNotFound, err.Error()
 		return out
 	}
-	pool, err := r.pools.get(storeKey{resource: client.ObjectKeyFromObject(fr), store: s.Name}, dsn)
+	user := storeKey{resource: p.resource, store: s.Name}
+	pool, err := r.pools.get(user, poolKey{namespace, s.SecretRef.Name, s.SecretRef.DSNKey()}, sec.ResourceVersion, string(sec.Data[s.SecretRef.DSNKey()]))
 	if err != nil {
-		out.reason, out.message = locksv1.ReasonStorePublishFailed, fmt.Sprintf("the DSN in Secret %s key %s does not parse: %v", s.SecretRef.Name, secretKey(s.SecretRef), err)
+		out.reason, out.message = locksv1.ReasonStorePublishFailed,
+			fmt.Sprintf("Secret %s/%s key %s: %v: put the operator role's libpq DSN (keyword/value or URL) there", namespace, s.SecretRef.Name, s.SecretRef.DSNKey(), err)
 		return out
 	}
-	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-	defer cancel()
-	start := time.Now()
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return publish(ctx, tx, p) })
-	storePublishDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		storePublications.WithLabelValues("error").Inc()
+	uids := r.rememberHolder(p)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return publish(ctx, tx, p, uids) }); err != nil {
 		out.reason, out.message = classifyStoreError(err)
 		return out
 	}
-	storePublications.WithLabelValues("ok").Inc()
-	out.ready, out.reason, out.message = true, locksv1.ReasonStorePublished, "the store has the registry's current holder and every end"
+	out.ok = true
+	if p.holder != nil {
+		out.fence, out.digest = p.holder.FenceToken, p.holder.Digest()
+	}
 	return out
 }
 
 // publish writes the registry's truth in one transaction: the resource, the
 // revocation, the holder, and the end of every other open grant.
-func publish(ctx context.Context, tx pgx.Tx, p publication) error {
+func publish(ctx context.Context, tx pgx.Tx, p publication, grantUIDs map[string]string) error {
 	if err := pgfence.PublishResource(ctx, tx, p.resourceID, p.mode, p.generation); err != nil {
 		return err
 	}
@@ -198,200 +240,168 @@ func publish(ctx context.Context, tx pgx.Tx, p publication) error {
 			return err
 		}
 	}
-	open, err := pgfence.OpenGrants(ctx, tx, p.resourceID)
+	rows, err := tx.Query(ctx, "SELECT digest FROM fencekeeper.grants WHERE resource_id = $1 AND ended_at IS NULL", p.resourceID)
 	if err != nil {
-		return err
+		return fmt.Errorf("read the open grants of %s: %w", p.resourceID, err)
 	}
-	for _, d := range open {
-		if d == holder {
-			continue
-		}
-		if err := pgfence.EndGrant(ctx, tx, d, "Ended", time.Now()); err != nil {
+	open, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read the open grants of %s: %w", p.resourceID, err)
+	}
+	now := time.Now()
+	for _, e := range decideEnds(open, holder, grantUIDs, p.recentlyEnded) {
+		if err := pgfence.EndGrant(ctx, tx, e.digest, e.reason, now); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (r *StorePublisher) dsn(ctx context.Context, namespace string, ref locksv1.StoreSecretReference) (string, error) {
+// secret reads the DSN's Secret around the cache and checks it holds the key.
+func (r *StorePublisher) secret(ctx context.Context, namespace string, ref locksv1.StoreSecretReference) (*corev1.Secret, error) {
 	sec := &corev1.Secret{}
 	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, sec); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", fmt.Errorf("the Secret %s/%s is not found: create it with the operator role's DSN under key %s", namespace, ref.Name, secretKey(ref))
+			return nil, fmt.Errorf("the Secret %s/%s is not found: create it with the operator role's DSN under key %s", namespace, ref.Name, ref.DSNKey())
 		}
-		return "", fmt.Errorf("reading Secret %s/%s: %v", namespace, ref.Name, err)
+		return nil, fmt.Errorf("cannot read Secret %s/%s (%v): the operator needs get on secrets", namespace, ref.Name, err)
 	}
-	v, ok := sec.Data[secretKey(ref)]
-	if !ok || len(v) == 0 {
-		return "", fmt.Errorf("the Secret %s/%s has no key %s: put the operator role's DSN there", namespace, ref.Name, secretKey(ref))
+	if len(sec.Data[ref.DSNKey()]) == 0 {
+		return nil, fmt.Errorf("the Secret %s/%s has no key %s: put the operator role's DSN there", namespace, ref.Name, ref.DSNKey())
 	}
-	return string(v), nil
+	return sec, nil
 }
 
-func secretKey(ref locksv1.StoreSecretReference) string {
-	if ref.Key == "" {
-		return "dsn"
-	}
-	return ref.Key
-}
+// SQLSTATEs the publisher tells apart.
+const (
+	sqlStateInvalidSchema     = "3F000"
+	sqlStateUndefinedFunction = "42883"
+	sqlStateUndefinedTable    = "42P01"
+	sqlStateNoPrivilege       = "42501"
+)
 
 // classifyStoreError names what went wrong and what to do about it.
 func classifyStoreError(err error) (reason, message string) {
 	var pe *pgconn.PgError
-	switch {
-	case errors.As(err, &pe) && (pe.Code == "3F000" || pe.Code == "42883"):
-		return locksv1.ReasonStoreSchemaNotInstalled, fmt.Sprintf("the fencekeeper schema is not installed (%s): run kubectl fence pg install --dsn … --operator-role <this DSN's role>", pe.Message)
-	case errors.As(err, &pe) && pe.Code == "42501":
-		return locksv1.ReasonStorePublishFailed, fmt.Sprintf("permission denied (%s): the DSN's role must be the operator role named at kubectl fence pg install", pe.Message)
-	case errors.As(err, &pe):
-		return locksv1.ReasonStorePublishFailed, fmt.Sprintf("publishing failed: %s (SQLSTATE %s)", pe.Message, pe.Code)
+	if !errors.As(err, &pe) {
+		return locksv1.ReasonStoreUnreachable, fmt.Sprintf("cannot reach the store (%v): check the DSN's host and port and that the database is up; "+
+			"publication is retried, and this resource's workers wait for their grant to be published before their first segment", err)
 	}
-	return locksv1.ReasonStoreUnreachable, fmt.Sprintf("cannot reach the store: %v; publication is retried, and this resource's grants wait for it before their first segment", err)
+	switch pe.Code {
+	case sqlStateInvalidSchema, sqlStateUndefinedFunction, sqlStateUndefinedTable:
+		return locksv1.ReasonStoreSchemaNotInstalled, fmt.Sprintf("the fencekeeper schema is not installed (%s): "+
+			"run kubectl fence pg install --dsn <the database's DSN> --operator-role <this DSN's role>", pe.Message)
+	case sqlStateNoPrivilege:
+		return locksv1.ReasonStorePublishFailed, fmt.Sprintf("permission denied (%s): the DSN's role must be the operator role "+
+			"named at kubectl fence pg install --operator-role", pe.Message)
+	}
+	return locksv1.ReasonStorePublishFailed, fmt.Sprintf("the store refused the publication: %s (SQLSTATE %s)", pe.Message, pe.Code)
 }
 
-// storeChange is a store whose health changed, for the Events.
-type storeChange struct {
-	name, message string
-	ready         bool
-}
-
-// decideStoreStatuses is the next status.stores: one entry per outcome, the
-// transition time kept while ready and reason stay; changed is false when
-// nothing a reader would see changed.
-func decideStoreStatuses(prev []locksv1.StoreStatus, outcomes []storeOutcome, now metav1.Time) ([]locksv1.StoreStatus, []storeChange, bool) {
-	old := map[string]locksv1.StoreStatus{}
-	for _, s := range prev {
-		old[s.Name] = s
+// rememberHolder records the holder's LockGrant UID by digest and returns a
+// copy of what the publisher knows of the resource.
+func (r *StorePublisher) rememberHolder(p publication) map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.grantUIDs == nil {
+		r.grantUIDs = map[types.NamespacedName]map[string]string{}
 	}
-	next := make([]locksv1.StoreStatus, 0, len(outcomes))
-	var changes []storeChange
-	changed := len(prev) != len(outcomes)
-	for _, o := range outcomes {
-		s := locksv1.StoreStatus{Name: o.name, Ready: o.ready, Reason: o.reason, Message: truncate(o.message, 1024), LastTransitionTime: now}
-		p, seen := old[o.name]
-		if seen && p.Ready == s.Ready && p.Reason == s.Reason {
-			s.LastTransitionTime = p.LastTransitionTime
-		}
-		if !seen || p.Ready != s.Ready {
-			// A first failure is news; a first success is not.
-			if !s.Ready || seen {
-				changes = append(changes, storeChange{name: o.name, message: s.Message, ready: s.Ready})
+	known := r.grantUIDs[p.resource]
+	if known == nil {
+		known = map[string]string{}
+		r.grantUIDs[p.resource] = known
+	}
+	if p.holder != nil {
+		known[p.holder.Digest()] = p.holderUID
+	}
+	// Bounded like recentlyEnded: older grants are ended with the unknown reason.
+	for len(known) > 2*locksv1.MaxRecentlyEnded {
+		for d := range known {
+			if p.holder == nil || d != p.holder.Digest() {
+				delete(known, d)
+				break
 			}
 		}
-		changed = changed || !seen || p.Ready != s.Ready || p.Reason != s.Reason || p.Message != s.Message
-		next = append(next, s)
 	}
-	return next, changes, changed
+	out := make(map[string]string, len(known))
+	for d, uid := range known {
+		out[d] = uid
+	}
+	return out
 }
 
-// storesCondition sums the stores up.
-func storesCondition(stores []locksv1.StoreStatus, generation int64) metav1.Condition {
-	c := metav1.Condition{Type: locksv1.ConditionStoresPublished, Status: metav1.ConditionTrue, ObservedGeneration: generation,
-		Reason: locksv1.ReasonStorePublished, Message: fmt.Sprintf("%d of %d stores take what the operator publishes", len(stores), len(stores))}
-	for _, s := range stores {
-		if !s.Ready {
-			c.Status, c.Reason, c.Message = metav1.ConditionFalse, s.Reason, fmt.Sprintf("store %s: %s", s.Name, s.Message)
-			return c
+// forget closes the connections of the resource's stores not in keep, and
+// drops what the publisher remembers of a resource without stores.
+func (r *StorePublisher) forget(resource types.NamespacedName, keep []locksv1.StoreReference) {
+	r.pools.forget(resource, func(store string) bool {
+		return slices.ContainsFunc(keep, func(s locksv1.StoreReference) bool { return s.Name == store })
+	})
+	if len(keep) > 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.grantUIDs, resource)
+	for k := range r.failing {
+		if k.resource == resource {
+			delete(r.failing, k)
 		}
 	}
-	return c
+	storesFailing.Set(float64(len(r.failing)))
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// countFailing updates fencekeeper_stores_failing.
+func (r *StorePublisher) countFailing(resource types.NamespacedName, outcomes []storeOutcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing == nil {
+		r.failing = map[storeKey]bool{}
 	}
-	return s[:n]
+	for k := range r.failing {
+		if k.resource == resource {
+			delete(r.failing, k)
+		}
+	}
+	for _, o := range outcomes {
+		if !o.ok {
+			r.failing[storeKey{resource: resource, store: o.name}] = true
+		}
+	}
+	storesFailing.Set(float64(len(r.failing)))
 }
 
-// writeStatus merges the stores' health into the status; it carries no
-// resourceVersion, so it never conflicts with the issuer's compare-and-swap
-// (which retries on the new version instead).
-func (r *StorePublisher) writeStatus(ctx context.Context, fr *locksv1.FencedResource, stores []locksv1.StoreStatus) error {
-	patch := client.MergeFrom(fr.DeepCopy())
+// writeStatus writes status.stores and the StoresPublished condition in one
+// merge patch conditioned on the resourceVersion read: the patch carries the
+// whole conditions list, so it must not overwrite a status the issuer wrote
+// since (a conflict is retried with backoff, on the new version).
+func (r *StorePublisher) writeStatus(ctx context.Context, fr *locksv1.FencedResource, stores []locksv1.StoreStatus, cond metav1.Condition) error {
+	patch := client.MergeFromWithOptions(fr.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	fr.Status.Stores = stores
-	meta.SetStatusCondition(&fr.Status.Conditions, storesCondition(stores, fr.Generation))
+	meta.SetStatusCondition(&fr.Status.Conditions, cond)
 	return r.Client.Status().Patch(ctx, fr, patch)
 }
 
-func (r *StorePublisher) emit(fr *locksv1.FencedResource, changes []storeChange) {
+// clearStatus removes status.stores and StoresPublished from an entry that
+// no longer names stores.
+func (r *StorePublisher) clearStatus(ctx context.Context, fr *locksv1.FencedResource) error {
+	if len(fr.Status.Stores) == 0 && meta.FindStatusCondition(fr.Status.Conditions, locksv1.ConditionStoresPublished) == nil {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(fr.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	fr.Status.Stores = nil
+	meta.RemoveStatusCondition(&fr.Status.Conditions, locksv1.ConditionStoresPublished)
+	return r.Client.Status().Patch(ctx, fr, patch)
+}
+
+func (r *StorePublisher) emit(fr *locksv1.FencedResource, evs []storeEvent) {
 	if r.Recorder == nil {
 		return
 	}
-	for _, c := range changes {
-		if c.ready {
-			r.Recorder.Eventf(fr, nil, corev1.EventTypeNormal, locksv1.EventReasonStoreRecovered, "Publish", "store %s: %s", c.name, c.message)
-			continue
+	for _, e := range evs {
+		kind := corev1.EventTypeNormal
+		if e.warning {
+			kind = corev1.EventTypeWarning
 		}
-		r.Recorder.Eventf(fr, nil, corev1.EventTypeWarning, locksv1.EventReasonStorePublishFailed, "Publish", "store %s: %s", c.name, c.message)
+		r.Recorder.Eventf(fr, nil, kind, e.reason, "Publish", "store %s: %s", e.store, e.message)
 	}
-}
-
-// storeKey is one store of one FencedResource.
-type storeKey struct {
-	resource types.NamespacedName
-	store    string
-}
-
-// storePools keeps one small pool per store, replaced when its DSN changes
-// and closed when the store or its FencedResource goes away.
-type storePools struct {
-	mu    sync.Mutex
-	pools map[storeKey]*storePool
-}
-
-type storePool struct {
-	dsn  string
-	pool *pgxpool.Pool
-}
-
-func (p *storePools) get(k storeKey, dsn string) (*pgxpool.Pool, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if cur, ok := p.pools[k]; ok {
-		if cur.dsn == dsn {
-			return cur.pool, nil
-		}
-		cur.pool.Close()
-		delete(p.pools, k)
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, errors.New("invalid DSN") // never echo a DSN: it may hold a password
-	}
-	cfg.MaxConns = 2
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = storeCallTimeout
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		return nil, err
-	}
-	if p.pools == nil {
-		p.pools = map[storeKey]*storePool{}
-	}
-	p.pools[k] = &storePool{dsn: dsn, pool: pool}
-	return pool, nil
-}
-
-// closeResource closes the pools of resource's stores not in keep.
-func (p *storePools) closeResource(resource types.NamespacedName, keep []locksv1.StoreReference) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for k, sp := range p.pools {
-		if k.resource != resource || storeNamed(keep, k.store) {
-			continue
-		}
-		sp.pool.Close()
-		delete(p.pools, k)
-	}
-}
-
-func storeNamed(stores []locksv1.StoreReference, name string) bool {
-	for _, s := range stores {
-		if s.Name == name {
-			return true
-		}
-	}
-	return false
 }

@@ -1,48 +1,138 @@
 package controllers
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
+func TestDecideEnds(t *testing.T) {
+	uids := map[string]string{"d1": "uid-1", "d2": "uid-2", "d3": ""}
+	ended := []locksv1.EndedGrant{{GrantUID: "uid-1", Phase: locksv1.PhaseExpired, Reason: locksv1.ReasonExpired}}
+	cases := map[string]struct {
+		open   []string
+		holder string
+		want   []storeEnd
+	}{
+		"nothing open":          {nil, "d2", nil},
+		"only the holder":       {[]string{"d2"}, "d2", nil},
+		"the old holder ends":   {[]string{"d1", "d2"}, "d2", []storeEnd{{"d1", locksv1.ReasonExpired}}},
+		"nothing held":          {[]string{"d1"}, "", []storeEnd{{"d1", locksv1.ReasonExpired}}},
+		"why is not recorded":   {[]string{"d2"}, "", []storeEnd{{"d2", endReasonUnknown}}},
+		"not published by us":   {[]string{"dx"}, "d2", []storeEnd{{"dx", endReasonUnknown}}},
+		"a LockGrant UID empty": {[]string{"d3"}, "", []storeEnd{{"d3", endReasonUnknown}}},
+	}
+	for name, c := range cases {
+		if got := decideEnds(c.open, c.holder, uids, ended); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: got %v, want %v", name, got, c.want)
+		}
+	}
+}
+
 func TestDecideStoreStatuses(t *testing.T) {
 	t0 := metav1.NewTime(time.Date(2026, 7, 19, 10, 0, 0, 0, time.UTC))
 	t1 := metav1.NewTime(t0.Add(time.Minute))
-	ok := storeOutcome{name: "db", ready: true, reason: locksv1.ReasonStorePublished, message: "fine"}
-	down := storeOutcome{name: "db", reason: locksv1.ReasonStoreUnreachable, message: "cannot reach"}
+	held := func(fence int64, digest string) storeOutcome {
+		return storeOutcome{name: "db", ok: true, fence: fence, digest: digest}
+	}
+	down := storeOutcome{name: "db", reason: locksv1.ReasonStoreUnreachable, message: "cannot reach the store (dial 1)"}
 
-	// A first success: written, but no Event (nothing went wrong).
-	next, changes, changed := decideStoreStatuses(nil, []storeOutcome{ok}, t0)
-	if !changed || len(changes) != 0 || !next[0].Ready || next[0].LastTransitionTime != t0 {
-		t.Fatalf("first success: %+v %+v %v", next, changes, changed)
+	// A first success: written, no Event (nothing went wrong).
+	next, evs, changed := decideStoreStatuses(nil, []storeOutcome{held(1, "d1")}, t0)
+	if !changed || len(evs) != 0 || next[0].Reason != locksv1.ReasonStorePublished || next[0].PublishedFence != 1 ||
+		next[0].PublishedDigest != "d1" || !next[0].LastPublishTime.Equal(&t0) {
+		t.Fatalf("first success: %+v %+v %v", next, evs, changed)
 	}
-	// The same again: nothing to write.
-	if _, changes, changed := decideStoreStatuses(next, []storeOutcome{ok}, t1); changed || len(changes) != 0 {
-		t.Fatalf("unchanged: %+v %v", changes, changed)
+	// The same holder again (a renewal): nothing to write.
+	if _, evs, changed := decideStoreStatuses(next, []storeOutcome{held(1, "d1")}, t1); changed || len(evs) != 0 {
+		t.Fatalf("renewal: %+v %v", evs, changed)
 	}
-	// Down: one change (a Warning), the transition time moves.
-	failing, changes, changed := decideStoreStatuses(next, []storeOutcome{down}, t1)
-	if !changed || len(changes) != 1 || changes[0].ready || failing[0].LastTransitionTime != t1 {
-		t.Fatalf("down: %+v %+v %v", failing, changes, changed)
+	// A new holder: written, the publish time moves, no Event.
+	handoff, evs, changed := decideStoreStatuses(next, []storeOutcome{held(2, "d2")}, t1)
+	if !changed || len(evs) != 0 || handoff[0].PublishedFence != 2 || !handoff[0].LastPublishTime.Equal(&t1) {
+		t.Fatalf("handoff: %+v %+v %v", handoff, evs, changed)
 	}
-	// Still down on the next retry: no write, no Event.
-	if _, changes, changed := decideStoreStatuses(failing, []storeOutcome{down}, t1); changed || len(changes) != 0 {
-		t.Fatalf("still down: %+v %v", changes, changed)
+	// Down: one Warning; what the store last took is kept.
+	failing, evs, changed := decideStoreStatuses(next, []storeOutcome{down}, t1)
+	if !changed || len(evs) != 1 || !evs[0].warning || evs[0].reason != locksv1.EventReasonStorePublishFailed ||
+		failing[0].Reason != locksv1.ReasonStoreUnreachable || failing[0].PublishedDigest != "d1" || !failing[0].LastPublishTime.Equal(&t0) {
+		t.Fatalf("down: %+v %+v %v", failing, evs, changed)
 	}
-	// Back: one recovery.
-	if _, changes, _ := decideStoreStatuses(failing, []storeOutcome{ok}, t1); len(changes) != 1 || !changes[0].ready {
-		t.Fatalf("recovered: %+v", changes)
+	// Still down, another message: no write, no Event.
+	again := down
+	again.message = "cannot reach the store (dial 2)"
+	if _, evs, changed := decideStoreStatuses(failing, []storeOutcome{again}, t1); changed || len(evs) != 0 {
+		t.Fatalf("still down: %+v %v", evs, changed)
+	}
+	// Failing for another reason: written, one more Warning.
+	schema := storeOutcome{name: "db", reason: locksv1.ReasonStoreSchemaNotInstalled, message: "run kubectl fence pg install"}
+	if _, evs, changed := decideStoreStatuses(failing, []storeOutcome{schema}, t1); !changed || len(evs) != 1 || !evs[0].warning {
+		t.Fatalf("another reason: %+v %v", evs, changed)
+	}
+	// Back: one StoreRecovered, the new holder published.
+	back, evs, changed := decideStoreStatuses(failing, []storeOutcome{held(2, "d2")}, t1)
+	if !changed || len(evs) != 1 || evs[0].warning || evs[0].reason != locksv1.EventReasonStoreRecovered || back[0].PublishedFence != 2 {
+		t.Fatalf("recovered: %+v %+v %v", back, evs, changed)
+	}
+	// Nothing held: published as nothing.
+	if free, _, changed := decideStoreStatuses(back, []storeOutcome{held(0, "")}, t1); !changed || free[0].PublishedDigest != "" {
+		t.Fatalf("released: %+v %v", free, changed)
 	}
 	// A store removed from the spec leaves the status.
 	if next, _, changed := decideStoreStatuses(failing, nil, t1); !changed || len(next) != 0 {
 		t.Fatalf("removed: %+v %v", next, changed)
 	}
-	c := storesCondition(failing, 3)
-	if c.Status != metav1.ConditionFalse || c.Reason != locksv1.ReasonStoreUnreachable || c.ObservedGeneration != 3 {
-		t.Fatalf("condition: %+v", c)
+}
+
+func TestStoresCondition(t *testing.T) {
+	ok := locksv1.StoreStatus{Name: "a", Reason: locksv1.ReasonStorePublished}
+	down := locksv1.StoreStatus{Name: "b", Reason: locksv1.ReasonStoreUnreachable, Message: "cannot reach"}
+	schema := locksv1.StoreStatus{Name: "c", Reason: locksv1.ReasonStoreSchemaNotInstalled, Message: "run kubectl fence pg install"}
+	if c := storesCondition([]locksv1.StoreStatus{ok}, 3); c.Status != metav1.ConditionTrue || c.Reason != locksv1.ReasonStorePublished || c.ObservedGeneration != 3 {
+		t.Fatalf("all published: %+v", c)
+	}
+	c := storesCondition([]locksv1.StoreStatus{ok, down, schema}, 3)
+	if c.Status != metav1.ConditionFalse || c.Reason != locksv1.ReasonStoreUnreachable || c.Message != "2 of 3 stores fail; store b: cannot reach" {
+		t.Fatalf("failing: %+v", c)
+	}
+	conds := []metav1.Condition{c}
+	if conditionChanged(conds, c) || !conditionChanged(conds, storesCondition([]locksv1.StoreStatus{ok}, 3)) {
+		t.Fatal("conditionChanged")
+	}
+}
+
+func TestStorePoolsShareCloseAndReplace(t *testing.T) {
+	var p storePools
+	fr1, fr2 := types.NamespacedName{Namespace: "ns", Name: "a"}, types.NamespacedName{Namespace: "ns", Name: "b"}
+	k := poolKey{namespace: "ns", secret: "db", key: "dsn"}
+	dsn := "host=/nonexistent port=1 user=op dbname=x"
+	p1, err := p.get(storeKey{fr1, "db"}, k, "1", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, _ := p.get(storeKey{fr2, "db"}, k, "1", dsn)
+	if p1 != p2 || p.open() != 1 {
+		t.Fatalf("one Secret, one pool: %p %p, %d open", p1, p2, p.open())
+	}
+	// The Secret changed: a new pool replaces the old one for both.
+	p3, _ := p.get(storeKey{fr1, "db"}, k, "2", dsn)
+	if p3 == p1 || p.open() != 1 {
+		t.Fatalf("new resourceVersion: %d open", p.open())
+	}
+	p.forget(fr1, func(string) bool { return false })
+	if p.open() != 1 {
+		t.Fatal("closed while fr2 uses it")
+	}
+	p.forget(fr2, func(string) bool { return false })
+	if p.open() != 0 {
+		t.Fatal("still open with no user")
+	}
+	if _, err := p.get(storeKey{fr1, "db"}, k, "3", "host=h port=notaport"); err == nil || err.Error() != "the DSN does not parse" {
+		t.Fatalf("a bad DSN: %v", err)
 	}
 }

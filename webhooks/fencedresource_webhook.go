@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -76,10 +77,8 @@ func SetupFencedResourceWebhook(mgr ctrl.Manager, webhookConfiguration, namespac
 // already accepted (a deleted and re-created entry starts again at fence 1):
 // spec.fenceFloor must be at least the target's highest fence.
 func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv1.FencedResource) (admission.Warnings, error) {
-	// Before anything else: an entry in an exempt namespace would enroll
-	// it, or promise a protection the webhooks never give there.
-	if err := v.Exempt.Refusal(fr.Namespace); err != nil {
-		return nil, apierrors.NewForbidden(locksv1.GroupVersion.WithResource("fencedresources").GroupResource(), fr.Name, err)
+	if err := v.refuseOutright(fr); err != nil {
+		return nil, err
 	}
 	if fr.Spec.Target == nil {
 		return nil, nil
@@ -127,6 +126,17 @@ func (v *FencedResourceValidator) ValidateCreate(ctx context.Context, fr *locksv
 	return nil, v.claimTarget(ctx, fr)
 }
 
+// refuseOutright refuses what no lookup can make right, before anything
+// is read or written: an entry in an exempt namespace (it would enroll it,
+// or promise a protection the webhooks never give there), and malformed
+// spec.stores.
+func (v *FencedResourceValidator) refuseOutright(fr *locksv1.FencedResource) error {
+	if err := v.Exempt.Refusal(fr.Namespace); err != nil {
+		return apierrors.NewForbidden(locksv1.GroupVersion.WithResource("fencedresources").GroupResource(), fr.Name, err)
+	}
+	return invalidFencedResource(fr, validateStores(fr.Spec.Stores))
+}
+
 // validateUniqueTarget: one object has one registry entry.
 func validateUniqueTarget(fr *locksv1.FencedResource, others []locksv1.FencedResource) field.ErrorList {
 	for _, o := range others {
@@ -165,7 +175,7 @@ func invalidFencedResource(fr *locksv1.FencedResource, errs field.ErrorList) err
 // ValidateUpdate denies Enforce → Shadow, and Shadow → Enforce for a kind
 // whose writes the acceptance webhook no longer sees.
 func (v *FencedResourceValidator) ValidateUpdate(ctx context.Context, oldFR, newFR *locksv1.FencedResource) (admission.Warnings, error) {
-	if errs := validateEnforcementRatchet(oldFR, newFR); len(errs) > 0 {
+	if errs := append(validateEnforcementRatchet(oldFR, newFR), validateStores(newFR.Spec.Stores)...); len(errs) > 0 {
 		return nil, invalidFencedResource(newFR, errs)
 	}
 	if newFR.Spec.Target != nil && oldFR.Spec.Enforcement != locksv1.EnforcementEnforce && newFR.Spec.Enforcement == locksv1.EnforcementEnforce {
@@ -251,4 +261,58 @@ func validateEnforcementRatchet(oldFR, newFR *locksv1.FencedResource) field.Erro
 			"may go from Shadow to Enforce only: resource-side validation is never disabled once enforced")}
 	}
 	return nil
+}
+
+// validateStores checks spec.stores as the CRD schema does, with messages
+// naming the field and the limit: at most MaxStores entries, each a unique
+// DNS-label name and a Secret (a DNS-subdomain name, a Secret key).
+func validateStores(stores []locksv1.StoreReference) field.ErrorList {
+	path := field.NewPath("spec", "stores")
+	if len(stores) > locksv1.MaxStores {
+		return field.ErrorList{field.TooMany(path, len(stores), locksv1.MaxStores)}
+	}
+	var errs field.ErrorList
+	seen := map[string]bool{}
+	for i, s := range stores {
+		p := path.Index(i)
+		errs = append(errs, validateStoreName(p.Child("name"), s.Name)...)
+		if seen[s.Name] {
+			errs = append(errs, field.Duplicate(p.Child("name"), s.Name))
+		}
+		seen[s.Name] = true
+		errs = append(errs, validateStoreSecret(p.Child("secretRef"), s.SecretRef)...)
+	}
+	return errs
+}
+
+func validateStoreName(p *field.Path, name string) field.ErrorList {
+	if len(name) > validation.DNS1123LabelMaxLength {
+		return field.ErrorList{field.TooLong(p, name, validation.DNS1123LabelMaxLength)}
+	}
+	if msgs := validation.IsDNS1123Label(name); len(msgs) > 0 {
+		return field.ErrorList{field.Invalid(p, name, "a store name must be a DNS label: "+strings.Join(msgs, "; "))}
+	}
+	return nil
+}
+
+func validateStoreSecret(p *field.Path, ref locksv1.StoreSecretReference) field.ErrorList {
+	var errs field.ErrorList
+	switch {
+	case len(ref.Name) > validation.DNS1123SubdomainMaxLength:
+		errs = append(errs, field.TooLong(p.Child("name"), ref.Name, validation.DNS1123SubdomainMaxLength))
+	default:
+		if msgs := validation.IsDNS1123Subdomain(ref.Name); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(p.Child("name"), ref.Name, "a Secret name must be a DNS subdomain: "+strings.Join(msgs, "; ")))
+		}
+	}
+	if ref.Key == "" {
+		return errs // the default, "dsn"
+	}
+	if len(ref.Key) > validation.DNS1123SubdomainMaxLength {
+		return append(errs, field.TooLong(p.Child("key"), ref.Key, validation.DNS1123SubdomainMaxLength))
+	}
+	if msgs := validation.IsConfigMapKey(ref.Key); len(msgs) > 0 {
+		errs = append(errs, field.Invalid(p.Child("key"), ref.Key, "must be a Secret key: "+strings.Join(msgs, "; ")))
+	}
+	return errs
 }

@@ -88,3 +88,39 @@ func TestChangedIgnoresServerMetadataAndFinishingDeletions(t *testing.T) {
 		t.Error("dropping a finalizer of a terminating object needs no fence")
 	}
 }
+
+func TestValidateStores(t *testing.T) {
+	ref := func(name, secret, key string) locksv1.StoreReference {
+		return locksv1.StoreReference{Name: name, SecretRef: locksv1.StoreSecretReference{Name: secret, Key: key}}
+	}
+	many := make([]locksv1.StoreReference, 0, locksv1.MaxStores+1)
+	for i := 0; i <= locksv1.MaxStores; i++ {
+		many = append(many, ref("db-"+string(rune('a'+i)), "s", ""))
+	}
+	cases := map[string]struct {
+		stores []locksv1.StoreReference
+		field  string // the path the error names ("" when valid)
+		want   string
+	}{
+		"none":              {nil, "", ""},
+		"ok":                {[]locksv1.StoreReference{ref("ledger", "ledger-db", ""), ref("audit", "audit.db", "url")}, "", ""},
+		"name not a label":  {[]locksv1.StoreReference{ref("Bad_Name", "s", "")}, "spec.stores[0].name", "a DNS label"},
+		"name empty":        {[]locksv1.StoreReference{ref("", "s", "")}, "spec.stores[0].name", "a DNS label"},
+		"name too long":     {[]locksv1.StoreReference{ref(strings.Repeat("a", 64), "s", "")}, "spec.stores[0].name", "more than 63 bytes"},
+		"duplicate name":    {[]locksv1.StoreReference{ref("db", "s", ""), ref("db", "t", "")}, "spec.stores[1].name", "Duplicate"},
+		"secret not a name": {[]locksv1.StoreReference{ref("db", "not a name", "")}, "spec.stores[0].secretRef.name", "a DNS subdomain"},
+		"secret too long":   {[]locksv1.StoreReference{ref("db", strings.Repeat("a", 254), "")}, "spec.stores[0].secretRef.name", "more than 253 bytes"},
+		"key with a slash":  {[]locksv1.StoreReference{ref("db", "s", "a/b")}, "spec.stores[0].secretRef.key", "a Secret key"},
+		"key too long":      {[]locksv1.StoreReference{ref("db", "s", strings.Repeat("k", 254))}, "spec.stores[0].secretRef.key", "more than 253 bytes"},
+		"too many":          {many, "spec.stores", "at most 8"},
+	}
+	for name, c := range cases {
+		errs := validateStores(c.stores)
+		switch {
+		case c.field == "" && len(errs) > 0:
+			t.Errorf("%s: %v", name, errs)
+		case c.field != "" && (len(errs) == 0 || errs[0].Field != c.field || !strings.Contains(errs[0].Error(), c.want)):
+			t.Errorf("%s: want %s: %q, got %v", name, c.field, c.want, errs)
+		}
+	}
+}

@@ -32,14 +32,26 @@ const (
 	ConditionStoresPublished = "StoresPublished"
 )
 
-// Reasons of a store's status and of the StoresPublished condition.
+// Reasons of a store's status (status.stores) and of the StoresPublished
+// condition.
 const (
-	ReasonStorePublished          = "Published"
-	ReasonStoreSecretNotFound     = "SecretNotFound"
-	ReasonStoreUnreachable        = "StoreUnreachable"
+	// ReasonStorePublished: the store has the registry's current holder (or
+	// nothing held) and the end of every other grant.
+	ReasonStorePublished = "Published"
+	// ReasonStoreSecretNotFound: the Secret, or its DSN key, is missing.
+	ReasonStoreSecretNotFound = "SecretNotFound"
+	// ReasonStoreUnreachable: no connection to the store.
+	ReasonStoreUnreachable = "StoreUnreachable"
+	// ReasonStoreSchemaNotInstalled: the fencekeeper schema is not in the
+	// database (kubectl fence pg install).
 	ReasonStoreSchemaNotInstalled = "SchemaNotInstalled"
-	ReasonStorePublishFailed      = "PublishFailed"
+	// ReasonStorePublishFailed: the store refused a publication (a DSN that
+	// does not parse, a role without the operator's grants, ...).
+	ReasonStorePublishFailed = "PublishFailed"
 )
+
+// MaxStores bounds spec.stores.
+const MaxStores = 8
 
 // Condition reasons of a FencedResource.
 const (
@@ -152,6 +164,7 @@ type StoreReference struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 63",message="a store name must be at most 63 bytes (a DNS label)"
 	Name string `json:"name"`
 	// secretRef is the Secret, in the FencedResource's namespace, holding the DSN.
 	// +required
@@ -160,41 +173,64 @@ type StoreReference struct {
 
 // StoreSecretReference is a key of a Secret in the FencedResource's namespace.
 type StoreSecretReference struct {
-	// name of the Secret.
+	// name of the Secret (a DNS subdomain).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="a Secret name must be at most 253 bytes (a DNS subdomain)"
 	Name string `json:"name"`
-	// key holding a libpq DSN (keyword/value or URL) for the operator's database role.
+	// key of the Secret holding a libpq DSN (keyword/value or URL) for the
+	// operator's database role; "dsn" when empty.
 	// +optional
 	// +kubebuilder:default=dsn
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 253",message="a Secret key must be at most 253 bytes"
 	Key string `json:"key,omitempty"`
 }
 
-// StoreStatus is a store's publication health. It is written when it
-// changes, not for every grant: the registry's compare-and-swap writes are
-// the issuer's, and a write per grant here would make them conflict.
+// DefaultStoreSecretKey is the Secret key a store's DSN is read from when
+// secretRef.key is empty.
+const DefaultStoreSecretKey = "dsn"
+
+// DSNKey is the Secret key holding the DSN.
+func (r StoreSecretReference) DSNKey() string {
+	if r.Key == "" {
+		return DefaultStoreSecretKey
+	}
+	return r.Key
+}
+
+// StoreStatus is what the operator last published to a store, and the
+// store's health. It is written when it changes (a new holder published, a
+// store failing or recovering), never for a renewal.
 type StoreStatus struct {
 	// name is the store's name in spec.stores.
 	// +required
+	// +kubebuilder:validation:MaxLength=63
 	Name string `json:"name"`
-	// ready is true while the store takes what the operator publishes.
+	// publishedFence is the fence of the holder last published there (0: none yet).
+	// +optional
+	PublishedFence int64 `json:"publishedFence,omitempty"`
+	// publishedDigest is the digest of the holder last published there.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	PublishedDigest string `json:"publishedDigest,omitempty"`
+	// lastPublishTime is when the store last took a publication that
+	// changed what it holds (a new holder, or the end of every grant).
+	// +optional
+	LastPublishTime *metav1.Time `json:"lastPublishTime,omitempty"`
+	// reason is a CamelCase word: Published, SecretNotFound,
+	// StoreUnreachable, SchemaNotInstalled or PublishFailed.
 	// +required
-	Ready bool `json:"ready"`
-	// reason is a CamelCase word: Published, SecretNotFound, StoreUnreachable, SchemaNotInstalled or PublishFailed.
-	// +required
+	// +kubebuilder:validation:MaxLength=64
 	Reason string `json:"reason"`
 	// message says what happened and what to do.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Message string `json:"message,omitempty"`
-	// lastTransitionTime is when ready or reason last changed.
-	// +required
-	LastTransitionTime metav1.Time `json:"lastTransitionTime"`
 }
 
 // Holder is the registry's record of the current grant. It is the source of
