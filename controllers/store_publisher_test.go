@@ -40,7 +40,6 @@ func TestDecideStoreStatuses(t *testing.T) {
 	held := func(fence int64, digest string) storeOutcome {
 		return storeOutcome{name: "db", ok: true, fence: fence, digest: digest}
 	}
-	down := storeOutcome{name: "db", reason: locksv1.ReasonStoreUnreachable, message: "cannot reach the store (dial 1)"}
 
 	// A first success: written, no Event (nothing went wrong).
 	next, evs, changed := decideStoreStatuses(nil, []storeOutcome{held(1, "d1")}, t0)
@@ -57,6 +56,25 @@ func TestDecideStoreStatuses(t *testing.T) {
 	if !changed || len(evs) != 0 || handoff[0].PublishedFence != 2 || !handoff[0].LastPublishTime.Equal(&t1) {
 		t.Fatalf("handoff: %+v %+v %v", handoff, evs, changed)
 	}
+	// Nothing held: published as nothing.
+	if free, _, changed := decideStoreStatuses(handoff, []storeOutcome{held(0, "")}, t1); !changed || free[0].PublishedDigest != "" {
+		t.Fatalf("released: %+v %v", free, changed)
+	}
+	// A store removed from the spec leaves the status.
+	if next, _, changed := decideStoreStatuses(handoff, nil, t1); !changed || len(next) != 0 {
+		t.Fatalf("removed: %+v %v", next, changed)
+	}
+}
+
+func TestDecideStoreStatusesFailures(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 7, 19, 10, 0, 0, 0, time.UTC))
+	t1 := metav1.NewTime(t0.Add(time.Minute))
+	held := func(fence int64, digest string) storeOutcome {
+		return storeOutcome{name: "db", ok: true, fence: fence, digest: digest}
+	}
+	down := storeOutcome{name: "db", reason: locksv1.ReasonStoreUnreachable, message: "cannot reach the store (dial 1)"}
+	next, _, _ := decideStoreStatuses(nil, []storeOutcome{held(1, "d1")}, t0)
+
 	// Down: one Warning; what the store last took is kept.
 	failing, evs, changed := decideStoreStatuses(next, []storeOutcome{down}, t1)
 	if !changed || len(evs) != 1 || !evs[0].warning || evs[0].reason != locksv1.EventReasonStorePublishFailed ||
@@ -78,14 +96,6 @@ func TestDecideStoreStatuses(t *testing.T) {
 	back, evs, changed := decideStoreStatuses(failing, []storeOutcome{held(2, "d2")}, t1)
 	if !changed || len(evs) != 1 || evs[0].warning || evs[0].reason != locksv1.EventReasonStoreRecovered || back[0].PublishedFence != 2 {
 		t.Fatalf("recovered: %+v %+v %v", back, evs, changed)
-	}
-	// Nothing held: published as nothing.
-	if free, _, changed := decideStoreStatuses(back, []storeOutcome{held(0, "")}, t1); !changed || free[0].PublishedDigest != "" {
-		t.Fatalf("released: %+v %v", free, changed)
-	}
-	// A store removed from the spec leaves the status.
-	if next, _, changed := decideStoreStatuses(failing, nil, t1); !changed || len(next) != 0 {
-		t.Fatalf("removed: %+v %v", next, changed)
 	}
 }
 
