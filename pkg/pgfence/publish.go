@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -53,14 +51,4 @@ func wrap(what string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("pgfence: %s: %w", what, err)
-}
-
-// OpenGrants lists the digests of the resource's published grants that have
-// not ended: the operator ends every one that is not the registry's holder.
-func OpenGrants(ctx context.Context, q Querier, resourceID string) ([]string, error) {
-	rows, err := q.Query(ctx, "SELECT digest FROM fencekeeper.grants WHERE resource_id = $1 AND ended_at IS NULL ORDER BY fence", resourceID)
-	if err != nil {
-		return nil, wrap("open grants of "+resourceID, err)
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
