@@ -57,6 +57,12 @@ type Options struct {
 	// StartTimeout bounds each wait for the server to accept connections
 	// (default 60s: a restart after Kill replays the write-ahead log first).
 	StartTimeout time.Duration
+	// NetNS is a network namespace (a path such as /run/netns/NAME) the
+	// postmaster runs in, on every start, so that it listens on that
+	// namespace's addresses (ListenAddress) and a network cut there reaches
+	// it. Linux only; it needs the privilege to enter the namespace (root).
+	// The unix socket is a file and stays reachable from any namespace.
+	NetNS string
 }
 
 // superuser is the bootstrap superuser initdb creates.

@@ -245,3 +245,48 @@ func alive(pid int) bool {
 	_, after, _ := strings.Cut(string(raw), ") ")
 	return !strings.HasPrefix(after, "Z")
 }
+
+// NetNS runs the postmaster in another network namespace: it listens on
+// that namespace's loopback, which this one's does not reach, and its unix
+// socket stays reachable; Restart starts it there again.
+func TestNetNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no iproute2")
+	}
+	ns := fmt.Sprintf("fkpg-test-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	if out, err := exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	s := start(t, pgserver.Options{Fast: true, NetNS: "/run/netns/" + ns, ListenAddress: "127.0.0.1:15432"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, step := range []string{"start", "restart"} {
+		if err := connect(ctx, t, s.DSN(""), "").Ping(ctx); err != nil {
+			t.Fatalf("%s: the unix socket: %v", step, err)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgx.Connect(dctx, s.TCPDSN(""))
+		dcancel()
+		if err == nil {
+			_ = conn.Close(ctx)
+			t.Fatalf("%s: reached the server on this namespace's 127.0.0.1:15432", step)
+		}
+		out, err := exec.Command("ip", "netns", "exec", ns, "ss", "-ltn").CombinedOutput()
+		if err == nil && !strings.Contains(string(out), "127.0.0.1:15432") {
+			t.Fatalf("%s: nothing listens on 127.0.0.1:15432 in %s:\n%s", step, ns, out)
+		}
+		if err := s.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

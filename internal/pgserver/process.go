@@ -115,7 +115,7 @@ func (s *Server) startOnce(ctx context.Context) error {
 	defer func() { _ = log.Close() }() // the child has its own descriptor
 	cmd := exec.Command(filepath.Join(s.bin.dir, "postgres"), s.postgresArgs()...)
 	s.prepare(cmd, log)
-	if err := cmd.Start(); err != nil {
+	if err := startIn(s.opts.NetNS, cmd); err != nil {
 		return fmt.Errorf("pgserver: starting postgres%s: %w", s.account.describe(), err)
 	}
 	exited := make(chan struct{})
