@@ -66,6 +66,10 @@ type oracle struct {
 	// absent or reported refused, with the tick of that claim: none may
 	// land afterwards.
 	claimedAbsent map[int64]int64
+	// maxDeadline is, for every issued grant, the latest lease end the
+	// issuer ever gave it (a restore does not take a granted renewal back
+	// from a store that was told of it).
+	maxDeadline map[string]time.Time
 }
 
 // acceptance is what the oracle judges a write's authority against: the
@@ -112,7 +116,7 @@ type oracleRegistry struct {
 func (o oracleRegistry) clone() oracleRegistry { return o }
 
 func newOracle(w *world) *oracle {
-	return &oracle{w: w, issued: map[string]issuedGrant{}, grantedTo: map[types.UID]int64{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}, claimedAbsent: map[int64]int64{}}
+	return &oracle{w: w, issued: map[string]issuedGrant{}, grantedTo: map[types.UID]int64{}, deadlines: map[string]time.Time{}, written: map[string]writtenSegment{}, lostWritten: map[string]writtenSegment{}, claimedAbsent: map[int64]int64{}, maxDeadline: map[string]time.Time{}}
 }
 
 // Kinds of violation; each has its counter in Counters.
@@ -140,6 +144,15 @@ const (
 	vNotLinearizable
 	vSimulator
 	vWrongPod
+	// The store path (storeoracle.go).
+	vStoreStale
+	vStoreForged
+	vStoreExpired
+	vStoreRegressed
+	vStoreSkipped
+	vStoreLost
+	vStoreReceipt
+	vStoreUnknown
 	numViolationKinds
 )
 
@@ -151,7 +164,10 @@ var violationNames = [...]string{"accepted stale write", "accepted forged/tamper
 	"highestObservedFence raised by planted state", "MUTATION_UNKNOWN resolved wrongly",
 	"registry entry admitted for a kind the webhook does not see",
 	"second registry entry admitted for one object", "LockGrant granted twice", "liveness",
-	"history not linearizable", "simulator error", "accepted write or delete from another pod of the holder's identity"}
+	"history not linearizable", "simulator error", "accepted write or delete from another pod of the holder's identity",
+	"store: stale segment committed", "store: segment of a grant never issued committed", "store: segment from an expired owner committed",
+	"store: regressed token committed", "store: skipped segment committed", "store: acknowledged segment lost",
+	"store: receipt inconsistent", "store: lost COMMIT resolved wrongly"}
 
 // Violation is one broken rule in one schedule.
 type Violation struct {
@@ -194,7 +210,7 @@ func (o *oracle) issuerRuns(r *registry) {
 		}
 	}
 	o.reg.epoch = r.epoch
-	o.deadlines[o.reg.holder] = o.reg.deadline
+	o.noteDeadline(o.reg.holder, o.reg.deadline)
 }
 
 // grantIssued records a grant the registry just handed out: the document as its
@@ -228,7 +244,7 @@ func (o *oracle) grantIssued(r *registry, h *locksv1.Holder) {
 	ttl := time.Duration(g.TTLSeconds) * time.Second
 	o.reg = oracleRegistry{epoch: r.epoch, holder: digest, lockGrant: h.GrantName, ttl: ttl,
 		deadline: o.w.now.Add(ttl), observedRenewals: lg.Spec.Renewals}
-	o.deadlines[digest] = o.reg.deadline
+	o.noteDeadline(digest, o.reg.deadline)
 }
 
 // decided is called after each issuer decision.
@@ -253,7 +269,7 @@ func (o *oracle) restored(s oracleRegistry) {
 	o.reg = s.clone()
 	clear(o.grantedTo)
 	if o.reg.holder != "" {
-		o.deadlines[o.reg.holder] = o.reg.deadline
+		o.noteDeadline(o.reg.holder, o.reg.deadline)
 	}
 }
 

@@ -345,6 +345,9 @@ func (r *registry) takeOver() {
 func (r *registry) outage(d time.Duration) {
 	if r.outageUntil.IsZero() {
 		r.outageUntil = r.w.now.Add(d)
+		if r.w.pub != nil {
+			r.w.pub.leaderLost()
+		}
 	}
 }
 

@@ -50,6 +50,13 @@ type Config struct {
 	// read that does not show a write for proof that it is absent even
 	// while the write may still land. Tests only.
 	lostSendsProvenAbsent bool
+	// StoreOneIn: one schedule in this many has a PostgreSQL store beside
+	// the object (0: the default, storeOneIn; -1: none).
+	StoreOneIn int
+	// storeFaults: the store faults schedules draw from (nil: all). Tests only.
+	storeFaults []storeFault
+	// storeBroken breaks a store or publisher rule on purpose. Tests only.
+	storeBroken storeBroken
 	// Trace records one line per event (slow: for replaying a seed).
 	Trace bool
 	// StopAtFirstViolation ends a schedule at its first violation.
@@ -115,12 +122,42 @@ type Counters struct {
 	Verdicts      map[fence.Verdict]int64
 	FaultVerdicts [numFaults]map[fence.Verdict]int64
 
+	// The store path (store.go).
+	StoreSchedules       int64
+	StoreAttempts        int64 // begin_segment decisions
+	StoreForgedAttempts  int64 // of those, with a grant the registry never issued for this resource
+	StoreCommits         int64 // segments that landed
+	StoreSegments        int64 // of those, judged by the store oracle
+	StoreRefusedAtCommit int64 // accepted by begin_segment, refused by the check at COMMIT
+	StoreVerdicts        map[fence.Verdict]int64
+	StoreFaultVerdicts   [numStoreFaults]map[fence.Verdict]int64
+	StoreFaults          [numStoreFaults]int64
+	StorePublications    int64 // publication transactions the store applied
+	StorePublishFailures int64 // publications without an answer in time (retried with backoff)
+	StoreWaitsGivenUp    int64 // workers that gave a lock up waiting for its publication
+	// StoreGenerationRepairs: spec edits the operator made once the faults
+	// stopped because a registry restore left the store's policy generation
+	// ahead of the registry's (publisher.repairGeneration).
+	StoreGenerationRepairs int64
+	// StoreLagWrites: segments committed in the documented publication lag, by lagNames.
+	StoreLagWrites           [numLagReasons]int64
+	StoreUnknown             int64 // COMMITs without an answer
+	StoreUnknownApplied      int64
+	StoreUnknownAbsent       int64
+	StoreUnknownUndetermined int64
+	StoreUnknownUnsettled    int64
+	StoreMaxResolution       time.Duration
+
 	Steps       int64
 	VirtualTime time.Duration
 }
 
 func (c *Counters) init() {
 	c.Verdicts = map[fence.Verdict]int64{}
+	c.StoreVerdicts = map[fence.Verdict]int64{}
+	for i := range c.StoreFaultVerdicts {
+		c.StoreFaultVerdicts[i] = map[fence.Verdict]int64{}
+	}
 	for i := range c.FaultVerdicts {
 		c.FaultVerdicts[i] = map[fence.Verdict]int64{}
 	}
@@ -130,6 +167,15 @@ func (c *Counters) countVerdict(v fence.Verdict, f Fault) {
 	c.Verdicts[v]++
 	if f >= 0 && f < numFaults {
 		c.FaultVerdicts[f][v]++
+	}
+}
+
+// countStoreVerdict counts a store decision, for the store fault f that
+// produced it (negative: none).
+func (c *Counters) countStoreVerdict(v fence.Verdict, f storeFault) {
+	c.StoreVerdicts[v]++
+	if f >= 0 && f < numStoreFaults {
+		c.StoreFaultVerdicts[f][v]++
 	}
 }
 
@@ -186,6 +232,34 @@ func (c *Counters) add(o *Counters) {
 	for v, n := range o.Verdicts {
 		c.Verdicts[v] += n
 	}
+	c.StoreSchedules += o.StoreSchedules
+	c.StoreAttempts += o.StoreAttempts
+	c.StoreForgedAttempts += o.StoreForgedAttempts
+	c.StoreCommits += o.StoreCommits
+	c.StoreSegments += o.StoreSegments
+	c.StoreRefusedAtCommit += o.StoreRefusedAtCommit
+	for v, n := range o.StoreVerdicts {
+		c.StoreVerdicts[v] += n
+	}
+	for i := range c.StoreFaults {
+		c.StoreFaults[i] += o.StoreFaults[i]
+		for v, n := range o.StoreFaultVerdicts[i] {
+			c.StoreFaultVerdicts[i][v] += n
+		}
+	}
+	c.StorePublications += o.StorePublications
+	c.StorePublishFailures += o.StorePublishFailures
+	c.StoreWaitsGivenUp += o.StoreWaitsGivenUp
+	c.StoreGenerationRepairs += o.StoreGenerationRepairs
+	for i := range c.StoreLagWrites {
+		c.StoreLagWrites[i] += o.StoreLagWrites[i]
+	}
+	c.StoreUnknown += o.StoreUnknown
+	c.StoreUnknownApplied += o.StoreUnknownApplied
+	c.StoreUnknownAbsent += o.StoreUnknownAbsent
+	c.StoreUnknownUndetermined += o.StoreUnknownUndetermined
+	c.StoreUnknownUnsettled += o.StoreUnknownUnsettled
+	c.StoreMaxResolution = max(c.StoreMaxResolution, o.StoreMaxResolution)
 	c.Steps += o.Steps
 	c.VirtualTime += o.VirtualTime
 }

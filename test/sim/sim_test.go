@@ -34,8 +34,8 @@ func TestMain(m *testing.M) {
 // over -sim.schedules seeded schedules, every fault of the matrix injected.
 func TestReleaseGates(t *testing.T) {
 	rep := Run(*gateBaseSeed, *gateSchedules, 0, Config{}, nil)
-	t.Logf("%d schedules (seeds %d…) in %s\n%s\n%s\nverdicts: %s", rep.Schedules, rep.BaseSeed, rep.Elapsed,
-		rep.GateTable(), rep.FaultMatrix(), rep.VerdictSummary())
+	t.Logf("%d schedules (seeds %d…) in %s\n%s\n%s\nverdicts: %s\n%s\n%s", rep.Schedules, rep.BaseSeed, rep.Elapsed,
+		rep.GateTable(), rep.FaultMatrix(), rep.VerdictSummary(), rep.StoreSummary(), rep.StoreFaultMatrix())
 	if !rep.Passed() {
 		for _, r := range rep.Failed {
 			t.Error(r.Describe())
@@ -62,6 +62,24 @@ func TestReleaseGates(t *testing.T) {
 		if rep.Verdicts[v] == 0 {
 			t.Errorf("no schedule produced verdict %s", v)
 		}
+	}
+	// The store path: every store fault fired, and the store gave every
+	// verdict a segment can get there (docs/postgres.md).
+	for f := range numStoreFaults {
+		if rep.StoreFaults[f] == 0 {
+			t.Errorf("store fault %q was never injected", f)
+		}
+	}
+	for _, v := range []fence.Verdict{fence.Accepted, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant, fence.WrongResource,
+		fence.RevokedEpoch, fence.FenceRegression, fence.StaleOwner, fence.RootMismatch, fence.NotHeld, fence.PolicyStale,
+		fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined, verdictNotHeldAtCommit} {
+		if rep.StoreVerdicts[v] == 0 {
+			t.Errorf("no store schedule produced verdict %s", v)
+		}
+	}
+	if rep.StoreSegments == 0 || rep.StoreUnknown == 0 || rep.StoreUnknownApplied == 0 || rep.StoreUnknownAbsent == 0 {
+		t.Errorf("the store path did too little: %d segments, %d lost COMMITs (%d applied, %d absent)", rep.StoreSegments, rep.StoreUnknown,
+			rep.StoreUnknownApplied, rep.StoreUnknownAbsent)
 	}
 	if rep.Commits == 0 || rep.UnknownOutcomes == 0 || rep.GrantsIssued == 0 {
 		t.Errorf("the schedules did too little: %d commits, %d unknown outcomes, %d grants", rep.Commits, rep.UnknownOutcomes, rep.GrantsIssued)
@@ -97,8 +115,12 @@ func TestSeedsThatOnceFailed(t *testing.T) {
 		// delete (security.md, Known limits; no longer modelled).
 		321244762398, 321244764318, 321244782269, 321244785411,
 	} {
-		if res := RunSchedule(seed, Config{}); res.Failed() {
-			t.Errorf("%s", res.Describe())
+		// Their stories as recorded (no store: a third of all schedules
+		// now carry one and play differently), and as make gates plays them.
+		for _, cfg := range []Config{{StoreOneIn: -1}, {}} {
+			if res := RunSchedule(seed, cfg); res.Failed() {
+				t.Errorf("%s", res.Describe())
+			}
 		}
 	}
 }
@@ -294,4 +316,37 @@ func TestTwinEntries(t *testing.T) {
 		t.Fatalf("without name uniqueness: %d twins admitted of %d tried (%d in flight)", rep.Violated[vTwinEntry], rep.TwinEntries, rep.TwinsInFlight)
 	}
 	t.Logf("without name uniqueness: %d of %d twins admitted; first: %s", rep.Violated[vTwinEntry], rep.TwinEntries, rep.Failed[0].Describe())
+}
+
+// TestStoreOracleCatchesBrokenRules shows that the store oracle can fail:
+// each deliberately wrong store or publisher rule lets through what the
+// oracle must report, in store schedules only.
+func TestStoreOracleCatchesBrokenRules(t *testing.T) {
+	cases := []struct {
+		name        string
+		broken      storeBroken
+		storeFaults []storeFault // nil: all
+		want        violationKind
+	}{
+		{"the publisher ends the old holder after publishing its successor, and the holder is any open grant",
+			storeBroken{endAfterSuccessor: true, anyOpenHolder: true}, []storeFault{sfStaleOwner, sfReplay}, vStoreStale},
+		{"begin_segment ignores the highest fence, and the holder is any open grant",
+			storeBroken{endAfterSuccessor: true, anyOpenHolder: true, ignoreHighestFence: true}, []storeFault{sfStaleOwner, sfReplay}, vStoreRegressed},
+		{"a lost COMMIT is resolved from the receipts without ending its server process",
+			storeBroken{resolveWithoutTerminating: true}, []storeFault{sfLostCommitAnswer}, vStoreUnknown},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// The matrix cut down to what reaches a stale writer at the store.
+			faults := []Fault{FaultOwnerPause, FaultReleaseReacquire, FaultLostRenewalResponse, FaultRestoreSnapshot}
+			rep := Run(1, 200, 0, Config{StoreOneIn: 1, storeBroken: c.broken, Faults: faults, storeFaults: c.storeFaults, StopAtFirstViolation: true}, nil)
+			if rep.Violated[c.want] == 0 {
+				t.Fatalf("the oracle reported no %q over %d store schedules (violations %v)", violationNames[c.want], rep.StoreSchedules, rep.Violated)
+			}
+			if rep.Passed() {
+				t.Fatalf("the gate report stayed green")
+			}
+			t.Logf("%d of %d schedules failed (%d %q); first: %s", rep.FailedCount, rep.Schedules, rep.Violated[c.want], violationNames[c.want], rep.Failed[0].Describe())
+		})
+	}
 }

@@ -54,6 +54,8 @@ type worker struct {
 	retries int
 	// abandoned counts jobs given up after maxTriesPerJob acquisitions.
 	abandoned int
+	// sop is the store commit in progress (storeworker.go).
+	sop *storeOp
 }
 
 // clientLock is the worker's view of one acquisition.
@@ -88,6 +90,8 @@ type clientLock struct {
 	// calls Lock.Orphan, and starts over; its state stays what the library
 	// last computed.
 	orphaned bool
+	// store: this lock's operation commits to the PostgreSQL store.
+	store bool
 }
 
 // ended: the library ended the lock (EXPIRED or RELEASED), or the worker
@@ -116,6 +120,9 @@ type armedFaults struct {
 	// Operation.Delete), the object is deleted, and the next segment
 	// re-creates it.
 	declareDelete bool
+	// The store path: the next COMMIT (or its answer) is lost or late; the
+	// worker stops between begin_segment and COMMIT.
+	lostCommit, pauseInTx bool
 }
 
 func newWorker(w *world, name string, jobs, segments int) *worker {
@@ -126,7 +133,7 @@ func newWorker(w *world, name string, jobs, segments int) *worker {
 func (k *worker) paused() bool { return k.w.now.Before(k.pausedUntil) }
 
 func (k *worker) hasWork() bool {
-	return k.prepared != nil || k.unknown != nil || k.settleThen != nil || k.lock != nil || k.jobsLeft > 0
+	return k.prepared != nil || k.unknown != nil || k.settleThen != nil || k.lock != nil || k.jobsLeft > 0 || k.storeBusy()
 }
 
 func (k *worker) ready() bool {
@@ -139,7 +146,7 @@ func (k *worker) timedOut() bool {
 
 func (k *worker) finishedAll() bool {
 	return k.jobsLeft == 0 && k.lock == nil && k.unknown == nil && k.pending == nil && k.prepared == nil &&
-		len(k.inFlight) == 0 && k.settleThen == nil
+		len(k.inFlight) == 0 && k.settleThen == nil && !k.storeBusy()
 }
 
 // nextEvent is when the worker next wants to do something.
@@ -229,6 +236,10 @@ func (k *worker) act() {
 		k.send(&request{kind: reqGetObject}) // resolve before anything else
 		return
 	}
+	if k.storeBusy() {
+		k.storeContinue() // an open transaction, or a lost COMMIT to resolve
+		return
+	}
 	l := k.lock
 	if l == nil && len(k.inFlight) > 0 {
 		k.settleThen = func() {} // nothing left to write under: decide them
@@ -261,6 +272,8 @@ func (k *worker) act() {
 			k.w.tracef("%s: operation %s complete; releasing", k.name, l.operation)
 			l.releasing = true
 			k.send(&request{kind: reqRelease, grantName: l.grantName})
+		case l.store:
+			k.storeStep()
 		default:
 			k.send(&request{kind: reqGetObject})
 		}
@@ -278,7 +291,17 @@ func (k *worker) acquire() {
 	k.lock = &clientLock{state: lockclient.StateRequested, requestID: rid, lease: grant.PodLease(k.pod), rewriteFault: faultNone,
 		root: lockclient.OperationRoot(resourceName + "/" + rid), grantName: locksv1.LockGrantName(resourceName, k.user, rid)}
 	k.retries = 0
-	k.w.tracef("%s: REQUESTED (requestID %s)", k.name, rid)
+	k.sop = nil
+	if k.w.store != nil {
+		// In a store schedule, an acquisition's operation commits to the
+		// store or to the object; the probe's second job, to the store.
+		if k == k.w.probe {
+			k.lock.store = k.jobsLeft == 1
+		} else {
+			k.lock.store = k.w.rng.IntN(2) == 0
+		}
+	}
+	k.w.tracef("%s: REQUESTED (requestID %s, store %t)", k.name, rid, k.lock.store)
 	k.createGrant()
 }
 
@@ -390,6 +413,8 @@ func (k *worker) onReply(rp *reply) {
 		k.writeAnswered(rp)
 	case reqDeleteObject:
 		k.deleteAnswered(rp)
+	case reqStoreView, reqStoreBegin, reqStoreCommit, reqStoreResolve:
+		k.storeAnswered(rp)
 	}
 }
 
@@ -421,6 +446,8 @@ func (k *worker) timeout() {
 			reqID: r.id, since: k.w.now}
 		k.w.res.UnknownOutcomes++
 		k.w.tracef("%s: MUTATION_UNKNOWN (fence %d segment %d)", k.name, r.receipt.Fence, r.receipt.Segment)
+	case reqStoreView, reqStoreBegin, reqStoreCommit, reqStoreResolve:
+		k.storeTimeout(r)
 	}
 }
 
@@ -533,8 +560,8 @@ func (k *worker) reacquireAtOnce() {
 // is checked here, before the effect is started.
 func (k *worker) prepare(obj map[string]any, deleted *locksv1.DeletedTarget) {
 	l := k.lock
-	if l == nil || !l.mayStartEffects() {
-		return // no new effect unless HELD
+	if l == nil || !l.mayStartEffects() || l.store {
+		return // no new effect unless HELD (and this lock writes the store)
 	}
 	exists := obj != nil
 	if !exists {

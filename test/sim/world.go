@@ -53,10 +53,17 @@ const (
 	reqGetObject                       // read the protected object
 	reqWriteObject                     // create or update the protected object
 	reqDeleteObject                    // delete the protected object
+	// The store path (store.go).
+	reqStoreView    // fencekeeper.published and resource_state
+	reqStoreBegin   // begin a transaction with begin_segment
+	reqStoreCommit  // COMMIT it
+	reqStoreResolve // resolve a lost COMMIT from the receipts
+	reqPublish      // the operator's publication
 )
 
 func (k requestKind) String() string {
-	return [...]string{"create LockGrant", "get LockGrant", "renew", "release", "get object", "write object", "delete object"}[k]
+	return [...]string{"create LockGrant", "get LockGrant", "renew", "release", "get object", "write object", "delete object",
+		"read store", "begin_segment", "COMMIT", "resolve COMMIT", "publish"}[k]
 }
 
 // request is one message from a client to a server. Everything a server needs
@@ -94,6 +101,15 @@ type request struct {
 	commitAfter time.Duration
 	sentAt      time.Time
 	historyOp   int // index in the history, -1 when not recorded
+
+	// The store path: the grant whose publication a worker reads, the
+	// envelope a transaction begins with, the transaction a COMMIT or a
+	// resolution is about, and a publication.
+	storeDigest string
+	storeRaw    string
+	storeTx     int64
+	storeEnv    fence.Envelope
+	pub         *publication
 }
 
 // replyStatus is the server's answer.
@@ -123,6 +139,7 @@ type reply struct {
 	deleted *locksv1.DeletedTarget
 	rv      string // a write's new resourceVersion
 	served  int64  // the tick at which the server processed the request
+	store   *storeAnswer
 }
 
 // world is one schedule.
@@ -168,9 +185,14 @@ type world struct {
 	// entryRefused: the FencedResource webhook refused the schedule's entry,
 	// which ends the schedule.
 	entryRefused bool
-	res          *Result
-	actions      []action
-	envelopes    map[string]parsedEnvelope // see readEnvelope
+	// The store path, in a store schedule (storeSchedule); nil otherwise.
+	store       *pgStore
+	pub         *publisher
+	storeOracle *storeOracle
+	storePlan   storeFaultPlan
+	res         *Result
+	actions     []action
+	envelopes   map[string]parsedEnvelope // see readEnvelope
 }
 
 type actionKind int
@@ -183,6 +205,8 @@ const (
 	actObservation
 	actFault
 	actLateCommit
+	actPublish
+	actStoreFault
 )
 
 type action struct {
@@ -208,6 +232,12 @@ func newWorld(seed uint64, cfg Config) *world {
 		w.workers = append(w.workers, newWorker(w, fmt.Sprintf("worker-%d", i+1), 1+w.rng.IntN(2), 1+w.rng.IntN(3)))
 	}
 	w.tracef("schedule seed %d: %d workers; faults enabled: %s", seed, n, w.faults)
+	if storeSchedule(seed, cfg) {
+		w.store, w.pub, w.storeOracle = newStore(w), newPublisher(w), newStoreOracle(w)
+		w.storePlan = newStoreFaultPlan(w)
+		w.res.StoreSchedules++
+		w.tracef("the FencedResource names a PostgreSQL store; store faults enabled: %v", w.storePlan.enabled)
+	}
 	w.register()
 	switch {
 	case w.faults.planned(FaultPlantedOwnForgery):
@@ -249,7 +279,9 @@ func (w *world) done() bool {
 		return false
 	}
 	// Done when the probe committed and every unknown outcome is settled.
-	settled := !slices.ContainsFunc(w.workers, func(k *worker) bool { return k.unknown != nil || len(k.inFlight) > 0 || k.settleThen != nil })
+	settled := !slices.ContainsFunc(w.workers, func(k *worker) bool {
+		return k.unknown != nil || len(k.inFlight) > 0 || k.settleThen != nil || k.storeUnsettled()
+	})
 	if w.probe.finishedAll() && settled {
 		if w.probe.abandoned > 0 {
 			w.oracle.violation(vLiveness, "a correct owner (%s) gave its operation up after %d acquisitions", w.probe.name, maxTriesPerJob)
@@ -289,7 +321,11 @@ func (w *world) startQuietPhase() {
 		k.armed = armedFaults{}
 	}
 	w.reg.heal()
-	w.probe = newWorker(w, "probe", 1, 2)
+	jobs := 1
+	if w.store != nil {
+		jobs = 2 // one at the object, then one at the store
+	}
+	w.probe = newWorker(w, "probe", jobs, 2)
 	w.workers = append(w.workers, w.probe)
 }
 
@@ -325,6 +361,14 @@ func (w *world) stepOnce() {
 	if !w.quiet && w.faults.due(w.rng) {
 		acts = append(acts, action{actFault, 0})
 	}
+	if w.store != nil {
+		if w.pub.ready() {
+			acts = append(acts, action{actPublish, 0})
+		}
+		if !w.quiet && w.storePlan.due(w) {
+			acts = append(acts, action{actStoreFault, 0})
+		}
+	}
 	w.actions = acts
 	// Time passes while messages are in flight: a short tick competes with
 	// every other action; when nothing else can happen, the clock jumps.
@@ -359,6 +403,10 @@ func (w *world) stepOnce() {
 	case actLateCommit:
 		w.tick++
 		w.obj.applyLate(a.i)
+	case actPublish:
+		w.pub.run()
+	case actStoreFault:
+		w.adv.injectStore()
 	}
 }
 
@@ -378,6 +426,10 @@ func (w *world) jump() {
 	}
 	consider(w.reg.nextEvent())
 	consider(w.obj.nextLate())
+	if w.store != nil {
+		consider(w.store.nextEvent())
+		consider(w.pub.nextEvent())
+	}
 	if next.IsZero() {
 		// Nothing is scheduled: the system is at rest. Let a second pass.
 		next = w.now.Add(time.Second)
@@ -389,6 +441,10 @@ func (w *world) advance(d time.Duration) {
 	w.now = w.now.Add(d)
 	w.clock.SetTime(w.now)
 	w.reg.clockAdvanced()
+	if w.store != nil {
+		w.store.clockAdvanced()
+		w.pub.tick()
+	}
 }
 
 // send puts a request on the network.
@@ -415,6 +471,10 @@ func (w *world) deliverRequest(r *request) {
 	switch r.kind {
 	case reqGetObject, reqWriteObject, reqDeleteObject:
 		rp = w.obj.serve(r)
+	case reqStoreView, reqStoreBegin, reqStoreCommit, reqStoreResolve, reqPublish:
+		if rp = w.store.serve(r); rp == nil {
+			return // it waits for the row lock, or the store is down
+		}
 	default:
 		rp = w.reg.serve(r)
 	}
@@ -432,6 +492,10 @@ func (w *world) deliverReply(rp *reply) {
 		w.hist.ret(w, rp, w.tick)
 	}
 	if rp.req.from == nil {
+		if rp.req.kind == reqPublish {
+			w.pub.onReply(rp)
+			return
+		}
 		w.adv.onReply(rp)
 		return
 	}
@@ -466,6 +530,12 @@ func (w *world) finish() {
 			w.res.UnknownUnsettled++
 		}
 		w.res.UnknownUnsettled += int64(len(k.inFlight))
+		if k.storeUnsettled() {
+			w.res.StoreUnknownUnsettled++
+		}
+	}
+	if w.store != nil {
+		w.storeOracle.checkDurable("at the end,")
 	}
 	w.hist.check(w)
 	w.res.Steps = int64(w.step)
@@ -487,6 +557,8 @@ func (rp *reply) summary() string {
 		return rp.message
 	case rp.verdict != "":
 		return string(rp.verdict)
+	case rp.store != nil && rp.store.verdict != "":
+		return string(rp.store.verdict)
 	}
 	return rp.status.String()
 }

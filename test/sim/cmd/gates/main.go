@@ -6,6 +6,7 @@
 //	go run ./test/sim/cmd/gates                      # 100,000 schedules
 //	go run ./test/sim/cmd/gates -base-seed=42        # the same run again
 //	go run ./test/sim/cmd/gates -seed=4711           # one schedule, traced
+//	go run ./test/sim/cmd/gates -seed=717 -store-one-in=-1  # as it played before the store path
 package main
 
 import (
@@ -28,12 +29,13 @@ func main() {
 	seed := flag.String("seed", "", "replay the schedule with this seed and print its trace")
 	parallel := flag.Int("parallel", runtime.GOMAXPROCS(0), "schedules run at once")
 	suppress := flag.String("suppress", "", "comma-separated fault numbers drawn but not applied (printed by a minimized failure)")
+	storeOneIn := flag.Int("store-one-in", 0, "one schedule in this many has a PostgreSQL store (0: the default, 3; -1: none, as schedules played before the store path)")
 	flag.Parse()
 	// Many short-lived objects and a small live heap: collect only near 1 GiB.
 	debug.SetGCPercent(-1)
 	debug.SetMemoryLimit(1 << 30)
 
-	cfg := sim.Config{}
+	cfg := sim.Config{StoreOneIn: *storeOneIn}
 	for _, s := range strings.Split(*suppress, ",") {
 		if s == "" {
 			continue
@@ -86,6 +88,8 @@ func run(base uint64, n, parallel int, cfg sim.Config) int {
 	fmt.Println(rep.GateTable())
 	fmt.Println(rep.FaultMatrix())
 	fmt.Printf("all verdicts: %s\n\n", rep.VerdictSummary())
+	fmt.Printf("%s\n\n", rep.StoreSummary())
+	fmt.Println(rep.StoreFaultMatrix())
 
 	if rep.Passed() {
 		fmt.Printf("RESULT: PASS. Every gate holds over %s schedules. Replay any one: go run ./test/sim/cmd/gates -seed=<seed>\n", group(rep.Schedules))

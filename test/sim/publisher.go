@@ -1,0 +1,208 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
+)
+
+// The operator's store publisher (controllers/store_publisher.go), as the
+// simulator runs it: whenever what the registry holds for the store changes
+// (the holder, its expiry, the policy generation, the revocation), the
+// leader's publisher sends the registry's truth in one transaction; a
+// failure or a call without an answer within storeCallTimeout is retried
+// with controller-runtime's per-item backoff (0.5 s doubling up to 30 s),
+// and a new change is published at once. One publication is in flight at a
+// time (the workqueue runs a key on one worker). It runs only while the
+// issuer has a leader; a new leader starts with no memory of what it
+// published.
+
+// storeCallTimeout bounds one publication (the publisher's storeCallTimeout).
+const storeCallTimeout = 5 * time.Second
+
+const (
+	storeRetryFirst   = 500 * time.Millisecond
+	storeRetryLongest = 30 * time.Second
+)
+
+// publication is what one publish transaction writes (publicationOf).
+type publication struct {
+	generation   int64
+	revokedBelow int64
+	holder       *grant.Grant
+	expiresAt    time.Time
+	// keepOthers: the broken rule's first transaction, which does not end
+	// the other grants (storeBroken.endAfterSuccessor).
+	keepOthers bool
+	key        string
+}
+
+func (p *publication) describe() string {
+	if p.holder == nil {
+		return "none"
+	}
+	return fmt.Sprintf("fence %d (grant %s, expires +%s)", p.holder.FenceToken, short(p.holder.Digest()), p.expiresAt.Sub(simStart).Truncate(time.Millisecond))
+}
+
+type publisher struct {
+	w *world
+	// published is the key of the last publication the store took, as this
+	// leader knows it ("" after a leader change).
+	published string
+	inFlight  *request
+	// failures and retryAt: the backoff after failed publications of failedKey.
+	failures  int
+	retryAt   time.Time
+	failedKey string
+	// ends: the broken rule's second transaction is still to be sent, at endsAt.
+	ends   bool
+	endsAt time.Time
+	// armed one-shot faults of the next publication.
+	lose, loseAnswer, delay, duplicate bool
+}
+
+func newPublisher(w *world) *publisher { return &publisher{w: w} }
+
+// snapshot is the registry's current truth for the store.
+func (p *publisher) snapshot() *publication {
+	r := p.w.reg
+	pub := &publication{generation: r.fr.Generation, revokedBelow: r.revokedBelow}
+	if h := r.fr.Status.Holder; h != nil {
+		g := h.Grant(r.fr.Spec.ResourceID)
+		pub.holder, pub.expiresAt = &g, h.ExpiresAt.Time
+	}
+	digest := ""
+	if pub.holder != nil {
+		digest = pub.holder.Digest()
+	}
+	pub.key = fmt.Sprintf("%d/%d/%s/%d", pub.generation, pub.revokedBelow, digest, pub.expiresAt.UnixNano())
+	return pub
+}
+
+// leading: the issuer has a leader, whose manager runs the publisher.
+func (p *publisher) leading() bool { return p.w.reg.outageUntil.IsZero() }
+
+// ready: the publisher has something to publish now.
+func (p *publisher) ready() bool {
+	if !p.leading() || p.inFlight != nil {
+		return false
+	}
+	if p.ends {
+		return !p.w.now.Before(p.endsAt)
+	}
+	key := p.snapshot().key
+	if key == p.published {
+		return false
+	}
+	return key != p.failedKey || !p.w.now.Before(p.retryAt)
+}
+
+// run sends one publication.
+func (p *publisher) run() {
+	w := p.w
+	pub := p.snapshot()
+	if w.cfg.storeBroken.endAfterSuccessor && !p.ends && pub.key != p.published {
+		pub.keepOthers = true
+	}
+	p.ends = false
+	r := &request{kind: reqPublish, user: "system:serviceaccount:fencekeeper-system:fencekeeper-manager", pub: pub, fault: faultNone}
+	switch {
+	case p.lose:
+		p.lose, r.dropRequest = false, true
+		w.storeFaultFired(sfPublicationLost, "the publication of holder %s is lost on the way", pub.describe())
+	case p.loseAnswer:
+		p.loseAnswer, r.dropReply = false, true
+		w.storeFaultFired(sfPublicationLost, "the answer to the publication of holder %s is lost", pub.describe())
+	}
+	if p.delay {
+		p.delay = false
+		r.notBefore = w.now.Add(time.Duration(200+w.rng.IntN(6000)) * time.Millisecond)
+		w.storeFaultFired(sfPublicationDelayed, "the publication of holder %s is held in the network until +%s", pub.describe(), r.notBefore.Sub(simStart).Truncate(time.Millisecond))
+	}
+	w.send(r)
+	p.inFlight = r
+	if p.duplicate {
+		p.duplicate = false
+		dup := &request{kind: reqPublish, user: r.user, pub: pub, fault: faultNone, notBefore: w.now.Add(time.Duration(w.rng.IntN(3000)) * time.Millisecond)}
+		w.send(dup)
+		w.storeFaultFired(sfPublicationDuplicated, "the publication of holder %s is delivered twice", pub.describe())
+	}
+	w.tracef("publisher: publishes generation %d, revokedBelow %d, holder %s", pub.generation, pub.revokedBelow, pub.describe())
+}
+
+// onReply: the store took the publication.
+func (p *publisher) onReply(rp *reply) {
+	if rp.req != p.inFlight {
+		return // a duplicate's answer, or one to a leader that is gone
+	}
+	p.inFlight = nil
+	pub := rp.req.pub
+	p.published, p.failures, p.failedKey = pub.key, 0, ""
+	if pub.keepOthers {
+		p.published, p.ends = "", true
+		p.endsAt = p.w.now.Add(time.Duration(5000+p.w.rng.IntN(10000)) * time.Millisecond)
+	}
+}
+
+// tick fails a publication that got no answer in time; once the faults
+// stop, it has the operator repair a store whose policy generation a
+// registry restore left ahead of the registry's.
+func (p *publisher) tick() {
+	p.repairGeneration()
+	r := p.inFlight
+	if r == nil || p.w.now.Before(r.sentAt.Add(storeCallTimeout)) {
+		return
+	}
+	p.inFlight = nil
+	p.failures++
+	backoff := storeRetryFirst << min(p.failures-1, 10)
+	backoff = min(backoff, storeRetryLongest)
+	p.retryAt, p.failedKey = p.w.now.Add(backoff), r.pub.key
+	p.w.res.StorePublishFailures++
+	p.w.tracef("publisher: no answer from the store; retry in %s", backoff)
+}
+
+// repairGeneration: publish_resource never lowers the store's policy
+// generation, so a registry restore that takes a spec change back leaves
+// the store ahead of metadata.generation, and every grant the registry
+// issues is POLICY_STALE there until the generation passes the store's
+// again. Once the faults stop, the operator edits the FencedResource's spec
+// as often as that takes (counted: StoreGenerationRepairs).
+func (p *publisher) repairGeneration() {
+	w := p.w
+	if !w.quiet || w.store.generation <= w.reg.fr.Generation {
+		return
+	}
+	w.res.StoreGenerationRepairs++
+	w.tracef("operator: the store is at policy generation %d, the FencedResource at %d: edits its spec", w.store.generation, w.reg.fr.Generation)
+	for w.store.generation > w.reg.fr.Generation {
+		w.reg.changeSpec(func(*locksv1.FencedResourceSpec) {})
+	}
+}
+
+func (p *publisher) nextEvent() time.Time {
+	switch {
+	case p.inFlight != nil:
+		return p.inFlight.sentAt.Add(storeCallTimeout)
+	case p.failures > 0:
+		return p.retryAt
+	case p.ends:
+		return p.endsAt
+	}
+	return time.Time{}
+}
+
+// leaderLost: the leader's process is gone. What it sent is still on the
+// network (and lands if it arrives in time); the next leader's publisher
+// starts with no memory.
+func (p *publisher) leaderLost() {
+	*p = publisher{w: p.w, lose: p.lose, loseAnswer: p.loseAnswer, delay: p.delay, duplicate: p.duplicate}
+}
+
+// timedOut: the publication's caller gave up before it arrived; its
+// connection is closed, so it never runs.
+func (r *request) publicationTimedOut(now time.Time) bool {
+	return r.kind == reqPublish && !now.Before(r.sentAt.Add(storeCallTimeout))
+}
