@@ -16,12 +16,15 @@ import (
 )
 
 // SchemaVersion is the version of the fencekeeper schema this package installs.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // SQLState codes: a refusal, and the warning Shadow raises instead.
 const (
 	SQLStateRefused = "FK000"
 	SQLStateShadow  = "FK001"
+	// SQLStateShadowed: begin_segment_enforced met a segment Shadow would
+	// let through (Commit then begins it again with begin_segment).
+	SQLStateShadowed = "FK002"
 )
 
 //go:embed sql/*.sql
@@ -161,6 +164,8 @@ var (
 	workerFunctions = []string{
 		"begin_segment(jsonb)", "find_receipts(text, text)", "resource_state(text)", "published(text)",
 	}
+	// workerFunctionsV3: what schema version 3 added for the workers.
+	workerFunctionsV3 = []string{"begin_segment_enforced(jsonb, text)"}
 	operatorFunctions = []string{
 		"publish_resource(text, text, bigint)", "publish_grant(text, jsonb, timestamptz)",
 		"end_grant(text, text, timestamptz)", "publish_revocation(bigint)",
@@ -189,7 +194,11 @@ func grantRoles(ctx context.Context, tx pgx.Tx, o InstallOptions, version int) e
 	for _, w := range o.WorkerRoles {
 		r := pgx.Identifier{w}.Sanitize()
 		stmts = append(stmts, "GRANT USAGE ON SCHEMA fencekeeper TO "+r)
-		for _, f := range workerFunctions {
+		fns := workerFunctions
+		if version >= 3 {
+			fns = append(fns[:len(fns):len(fns)], workerFunctionsV3...)
+		}
+		for _, f := range fns {
 			stmts = append(stmts, "GRANT EXECUTE ON FUNCTION fencekeeper."+f+" TO "+r)
 		}
 	}

@@ -251,7 +251,7 @@ func (s *store) reset(t *testing.T, c conformanceCase) {
 	if st.HighestFence == 0 {
 		return
 	}
-	exec(t, s.admin, "UPDATE fencekeeper.resources SET highest_fence = $2, root = $3, last_segment = $4, grant_digest = $5, last_envelope = $6::jsonb WHERE resource_id = $1",
+	exec(t, s.admin, "UPDATE fencekeeper.resources SET highest_fence = $2, root = $3, last_segment = $4, grant_digest = $5, last_envelope_digest = fencekeeper.envelope_digest($6::jsonb) WHERE resource_id = $1",
 		resourceID, st.HighestFence, st.Root, st.LastSegment, st.GrantDigest, st.Accepted)
 	// The stored state is written directly, so the check every commit of
 	// a segment makes (recheck_at_commit) is not the setup's to pass.

@@ -230,7 +230,8 @@ func TestShadow(t *testing.T) {
 }
 
 // TestUpgrade installs version 1, writes through it, installs the current
-// version over it: every row kept, and the store goes on.
+// version over it: every row kept, the last accepted envelope still
+// recognised, and the store goes on.
 func TestUpgrade(t *testing.T) {
 	ctx := context.Background()
 	w := newWorld(t)
@@ -255,6 +256,11 @@ func TestUpgrade(t *testing.T) {
 	st, err := pgfence.ResourceState(ctx, s.worker, resourceID)
 	if err != nil || st.HighestFence != 1 || st.LastSegment != 1 {
 		t.Fatalf("state after the upgrade: %+v %v", st, err)
+	}
+	// The last accepted envelope, kept whole before version 3 and by its
+	// digest since, is still recognised.
+	if _, err := segment(ctx, s.worker, w.envelope(w.issuer, a, 1, "1"), "UPDATE ledger SET amount = '1'"); verdictOf(err) != fence.FenceRequired {
+		t.Fatalf("the last accepted envelope again after the upgrade: %v, want FENCE_REQUIRED", err)
 	}
 	if _, err := segment(ctx, s.worker, w.envelope(w.issuer, a, 2, "2"), "UPDATE ledger SET amount = '2'"); err != nil {
 		t.Fatalf("the next segment after the upgrade: %v", err)
