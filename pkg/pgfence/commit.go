@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,26 +73,34 @@ type backend struct {
 // receipt, and Commit returns "" and nil. Such a commit whose answer was lost
 // is ErrOutcomeUnknown, since no receipt can show it.
 func Commit(ctx context.Context, db Pool, env fence.Envelope, fn func(pgx.Tx) error) (string, error) {
-	tx, err := db.Begin(ctx)
+	conn, err := db.Acquire(ctx)
 	if err != nil {
 		return "", fmt.Errorf("pgfence: begin: %w", err)
 	}
-	// After a commit, successful or not, Rollback does nothing.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	receipt, ran, err := beginTracked(ctx, tx, env)
+	// The connection goes back to db before any resolution takes another.
+	release := sync.OnceFunc(conn.Release)
+	defer release()
+	ran, err := backendOf(ctx, conn.Conn())
+	if err != nil {
+		return "", fmt.Errorf("pgfence: begin: %w", err)
+	}
+	tx, receipt, err := beginSegmentTx(ctx, conn.Conn(), env)
 	switch re, refused := AsRefusal(err); {
 	case refused && re.Verdict == fence.AlreadyApplied:
 		return re.Receipt, nil
 	case refused && re.Verdict == fence.FenceRequired:
-		_ = tx.Rollback(ctx)
+		release()
 		return sentAgain(ctx, db, env, re)
-	case err != nil && !errors.Is(err, ErrShadowed):
+	case err != nil:
 		return "", err
 	}
+	// After a commit, successful or not, Rollback does nothing.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := fn(tx); err != nil {
 		return "", err
 	}
 	cerr := tx.Commit(ctx)
+	release()
 	if cerr == nil {
 		return receipt, nil
 	}
@@ -122,24 +132,96 @@ func sentAgain(ctx context.Context, db Pool, env fence.Envelope, refusal *Refusa
 	return "", refusal
 }
 
-// beginTracked is BeginSegment, with the start time of the server process
-// read in the same statement (one round trip) for resolveLost.
-func beginTracked(ctx context.Context, tx pgx.Tx, env fence.Envelope) (string, backend, error) {
-	var receipt *string
-	b := backend{pid: tx.Conn().PgConn().PID()}
-	err := tx.QueryRow(ctx, "SELECT fencekeeper.begin_segment($1::jsonb), "+
-		"(SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())", env.Encode()).Scan(&receipt, &b.start)
-	if err != nil {
-		if re, ok := AsRefusal(err); ok {
-			return "", b, re
-		}
-		return "", b, err
+// Keys of what Commit keeps about a connection (pgconn's CustomData).
+const (
+	backendStartKey = "fencekeeper.backend_start"
+	// slowBeginKey: begin_segment_enforced cannot be called on this
+	// connection (a schema older than version 3, or not granted).
+	slowBeginKey = "fencekeeper.slow_begin"
+)
+
+// PostgreSQL's SQLSTATEs for a function that does not exist or may not be called.
+const (
+	sqlStateUndefinedFunction     = "42883"
+	sqlStateInsufficientPrivilege = "42501"
+)
+
+// backendOf identifies the server process of c, reading its start time
+// once per connection, for resolveLost.
+func backendOf(ctx context.Context, c *pgx.Conn) (backend, error) {
+	b := backend{pid: c.PgConn().PID()}
+	data := c.PgConn().CustomData()
+	if start, ok := data[backendStartKey].(*time.Time); ok {
+		b.start = start
+		return b, nil
 	}
-	if receipt == nil {
-		return "", b, ErrShadowed
+	if err := c.QueryRow(ctx, "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&b.start); err != nil {
+		return b, err
 	}
-	return *receipt, b, nil
+	data[backendStartKey] = b.start
+	return b, nil
 }
+
+// beginSegmentTx begins a transaction on c whose first statement begins the
+// segment env, and returns it with the segment's receipt ("" when Shadow let
+// the segment through). Where it can, it sends BEGIN and
+// begin_segment_enforced as one message, so that a segment costs no round
+// trip more than a plain transaction; the envelope then travels as a
+// literal, which is safe with standard_conforming_strings (a JSON document
+// has no NUL). A segment Shadow would let through, or a schema without
+// begin_segment_enforced, takes the two round trips of BEGIN and
+// BeginSegment. On an error nothing is open on c.
+func beginSegmentTx(ctx context.Context, c *pgx.Conn, env fence.Envelope) (pgx.Tx, string, error) {
+	g := env.Grant
+	receipt := fence.ReceiptDigest(g.Resource, g.FenceToken, g.OperationRoot, env.Segment, env.Operation, env.Payload)
+	doc := env.Encode()
+	data := c.PgConn().CustomData()
+	if data[slowBeginKey] == nil && c.PgConn().ParameterStatus("standard_conforming_strings") == "on" && !strings.ContainsRune(doc, 0) {
+		begin := "BEGIN; SELECT fencekeeper.begin_segment_enforced(" + quoteLiteral(doc) + "::jsonb, " + quoteLiteral(receipt) + ")"
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
+		if err == nil {
+			return tx, receipt, nil
+		}
+		abandon(ctx, c)
+		var pe *pgconn.PgError
+		switch {
+		case !errors.As(err, &pe):
+			return nil, "", err
+		case pe.Code == sqlStateUndefinedFunction || pe.Code == sqlStateInsufficientPrivilege:
+			data[slowBeginKey] = true
+		case pe.Code != SQLStateShadowed:
+			if re, ok := AsRefusal(err); ok {
+				return nil, "", re
+			}
+			return nil, "", err
+		}
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	r, err := BeginSegment(ctx, tx, env)
+	switch {
+	case errors.Is(err, ErrShadowed):
+		return tx, "", nil
+	case err != nil:
+		_ = tx.Rollback(ctx)
+		return nil, "", err
+	}
+	return tx, r, nil
+}
+
+// abandon rolls back the transaction block a failed BEGIN message left open.
+func abandon(ctx context.Context, c *pgx.Conn) {
+	if !c.IsClosed() && c.PgConn().TxStatus() != 'I' {
+		if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+			_ = c.Close(ctx)
+		}
+	}
+}
+
+// quoteLiteral is s as an SQL string literal (standard_conforming_strings on).
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // answered reports whether COMMIT's error decided the transaction: the
 // server answered with an ERROR (it rolled back), or COMMIT was never sent.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
@@ -324,4 +325,71 @@ func waitProcessGone(t *testing.T, pid uint32) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Errorf("server process %d still runs 30s after the crash", pid)
+}
+
+// TestCommitBeginPaths: Commit sends BEGIN and begin_segment_enforced as one
+// message. A refusal there leaves the connection usable (the same server
+// process commits the next segment); a segment Shadow lets through is begun
+// again the long way, recorded once, and has no receipt; a schema older than
+// version 3 is served the long way too, with the server's receipt.
+func TestCommitBeginPaths(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	s := newStore(t, pgfence.InstallOptions{})
+	s.invoices(t)
+	a, b := grantOf("worker-a", 1, rootOf('a')), grantOf("worker-b", 2, rootOf('b'))
+	s.holds(t, pgfence.Enforce, b, a)
+	cfg, err := pgxpool.ParseConfig(server.DSN(s.name) + " user=" + workerRole)
+	must(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(t, err)
+	t.Cleanup(pool.Close)
+	pid := func() uint32 {
+		c, err := pool.Acquire(ctx)
+		must(t, err)
+		defer c.Release()
+		return c.Conn().PgConn().PID()
+	}
+
+	env := w.envelope(w.issuer, b, 1, "1")
+	if got, err := pgfence.Commit(ctx, pool, env, insertInvoice(ctx, 1, "1")); err != nil || got != receiptOf(env) {
+		t.Fatalf("B's segment: %q, %v", got, err)
+	}
+	before := pid()
+	_, err = pgfence.Commit(ctx, pool, w.envelope(w.issuer, a, 1, "2"), insertInvoice(ctx, 2, "2"))
+	if re, ok := pgfence.AsRefusal(err); !ok || re.Verdict != fence.StaleOwner {
+		t.Fatalf("A's stale segment: %v, want STALE_OWNER", err)
+	}
+	env = w.envelope(w.issuer, b, 2, "3")
+	if got, err := pgfence.Commit(ctx, pool, env, insertInvoice(ctx, 3, "3")); err != nil || got != receiptOf(env) {
+		t.Fatalf("B's segment after the refusal: %q, %v", got, err)
+	}
+	if after := pid(); after != before {
+		t.Fatalf("the refusal cost the connection: server process %d, then %d", before, after)
+	}
+
+	must(t, pgfence.PublishResource(ctx, s.operator, resourceID, pgfence.Shadow, b.PolicyGeneration))
+	got, err := pgfence.Commit(ctx, pool, w.envelope(w.issuer, a, 2, "4"), insertInvoice(ctx, 4, "4"))
+	if err != nil || got != "" {
+		t.Fatalf("A's stale segment in Shadow: %q, %v; want let through without a receipt", got, err)
+	}
+	var n int
+	must(t, s.admin.QueryRow(ctx, "SELECT count(*) FROM fencekeeper.shadow_refusals WHERE verdict = 'STALE_OWNER'").Scan(&n))
+	if n != 1 || invoiceAmount(t, s.admin, 4) != "4" {
+		t.Fatalf("Shadow: %d STALE_OWNER records (want 1), invoice 4 %q", n, invoiceAmount(t, s.admin, 4))
+	}
+
+	old := newStore(t, pgfence.InstallOptions{Version: 2})
+	old.invoices(t)
+	old.holds(t, pgfence.Enforce, a)
+	oldPool := poolOf(t, server.DSN(old.name))
+	env = w.envelope(w.issuer, a, 1, "5")
+	if got, err := pgfence.Commit(ctx, oldPool, env, insertInvoice(ctx, 5, "5")); err != nil || got != receiptOf(env) {
+		t.Fatalf("a segment on schema version 2: %q, %v", got, err)
+	}
+	env = w.envelope(w.issuer, a, 2, "6")
+	if got, err := pgfence.Commit(ctx, oldPool, env, insertInvoice(ctx, 6, "6")); err != nil || got != receiptOf(env) {
+		t.Fatalf("the next segment on schema version 2: %q, %v", got, err)
+	}
 }
