@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekeeper/fencekeeper/internal/pgserver"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
@@ -162,10 +163,12 @@ func (r *pgResource) envelope(seg int64) (fence.Envelope, error) {
 
 // pgBench is the run's server, database and resources.
 type pgBench struct {
-	cfg       pgstoreConfig
-	srv       *pgserver.Server
-	admin     *pgx.Conn
-	conns     []*pgx.Conn // the workers' connections; conns[0] also runs the latency samples
+	cfg   pgstoreConfig
+	srv   *pgserver.Server
+	admin *pgx.Conn
+	// pools: each worker's pool of one connection; pools[0] also runs the
+	// latency samples. Plain and fenced transactions both go through them.
+	pools     []*pgxpool.Pool
 	resources []*pgResource
 	signer    *grant.Signer
 }
@@ -238,13 +241,23 @@ func startPGBench(ctx context.Context, cfg pgstoreConfig) (*pgBench, error) {
 		return b, err
 	}
 	for range cfg.Workers {
-		c, err := b.connect(ctx, pgWorkerRole)
+		p, err := b.pool(ctx, pgWorkerRole)
 		if err != nil {
 			return b, err
 		}
-		b.conns = append(b.conns, c)
+		b.pools = append(b.pools, p)
 	}
 	return b, nil
+}
+
+// pool is a pool of one connection of role.
+func (b *pgBench) pool(ctx context.Context, role string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(b.srv.DSN(pgDatabase) + " user=" + role)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MinConns, cfg.MaxConns = 1, 1
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 func (b *pgBench) connect(ctx context.Context, role string) (*pgx.Conn, error) {
@@ -315,10 +328,11 @@ func (b *pgBench) issue(ctx context.Context, operator *pgx.Conn, r *pgResource, 
 func (b *pgBench) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, c := range append([]*pgx.Conn{b.admin}, b.conns...) {
-		if c != nil {
-			_ = c.Close(ctx)
-		}
+	for _, p := range b.pools {
+		p.Close()
+	}
+	if b.admin != nil {
+		_ = b.admin.Close(ctx)
 	}
 	_ = b.srv.Stop()
 }
@@ -344,49 +358,42 @@ func (b *pgBench) serverInfo(ctx context.Context, info pgServerInfo) (pgServerIn
 	return info, nil
 }
 
-// stepNames are the round trips of a transaction, in order.
-var stepNames = [4]string{"BEGIN", "begin_segment", "UPDATE", "COMMIT"}
+// stepNames are the round trips of a transaction, in order: a fenced one
+// sends BEGIN and begin_segment as one message (pgfence.Commit).
+var stepNames = [3]string{"BEGIN (fenced: + begin_segment)", "UPDATE", "COMMIT"}
 
-// txn runs one transaction on conn: the fenced one (BEGIN; begin_segment
-// with r's next segment; UPDATE; COMMIT) or the plain one (BEGIN; UPDATE;
+// txn runs one transaction through pool: the fenced one as the library
+// commits a segment (pgfence.Commit: BEGIN and begin_segment of r's next
+// segment in one message; UPDATE; COMMIT) or the plain one (BEGIN; UPDATE;
 // COMMIT), and returns how long it took and each round trip.
-func (r *pgResource) txn(ctx context.Context, conn *pgx.Conn, fenced bool) (time.Duration, [4]time.Duration, error) {
-	var steps [4]time.Duration
-	var env fence.Envelope
-	sql := r.plainSQL
+func (r *pgResource) txn(ctx context.Context, pool *pgxpool.Pool, fenced bool) (time.Duration, [3]time.Duration, error) {
+	var steps [3]time.Duration
+	t0 := time.Now()
+	var t1, t2 time.Time
+	update := func(tx pgx.Tx, sql string) error {
+		t1 = time.Now()
+		_, err := tx.Exec(ctx, sql, 1)
+		t2 = time.Now()
+		return err
+	}
 	if fenced {
-		var err error
-		if env, err = r.envelope(r.segment + 1); err != nil {
+		env, err := r.envelope(r.segment + 1)
+		if err != nil {
 			return 0, steps, err
 		}
-		sql = r.fencedSQL
-	}
-	t0 := time.Now()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return 0, steps, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	t1 := time.Now()
-	if fenced {
-		if _, err := pgfence.BeginSegment(ctx, tx, env); err != nil {
-			return 0, steps, fmt.Errorf("begin_segment %d of %s: %w", env.Segment, r.id, err)
+		if _, err := pgfence.Commit(ctx, pool, env, func(tx pgx.Tx) error { return update(tx, r.fencedSQL) }); err != nil {
+			return 0, steps, fmt.Errorf("segment %d of %s: %w", env.Segment, r.id, err)
+		}
+		r.segment++
+	} else {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return update(tx, r.plainSQL) })
+		if err != nil {
+			return 0, steps, err
 		}
 	}
-	t2 := time.Now()
-	if _, err := tx.Exec(ctx, sql, 1); err != nil {
-		return 0, steps, err
-	}
 	t3 := time.Now()
-	if err := tx.Commit(ctx); err != nil {
-		return 0, steps, err
-	}
-	t4 := time.Now()
-	if fenced {
-		r.segment++
-	}
-	steps = [4]time.Duration{t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3)}
-	return t4.Sub(t0), steps, nil
+	steps = [3]time.Duration{t1.Sub(t0), t2.Sub(t1), t3.Sub(t2)}
+	return t3.Sub(t0), steps, nil
 }
 
 // judge sets the checks and the verdict.

@@ -30,7 +30,7 @@ type pgDiagnosis struct {
 	HistoryProbe  pgProbe `json:"grant_history_probe"`
 	HistoryPlanOf pgPlan  `json:"grant_lookup_plan_with_history"`
 	// EnvelopeBytes: a segment's envelope as sent (and stored in
-	// resources.last_envelope).
+	// resources.last_envelope_digest).
 	EnvelopeBytes int `json:"envelope_bytes"`
 	// Flush: an 8 KiB write and fsync of a file on the data directory's
 	// filesystem, what a commit waits for at the least (ms).
@@ -100,14 +100,14 @@ func (b *pgBench) diagnose(ctx context.Context) (pgDiagnosis, error) {
 // compile the PL/pgSQL and plan its statements), and reads what the server
 // counted for the measured ones.
 func (b *pgBench) functionTimes(ctx context.Context) (int, []pgFunction, error) {
-	conn, err := b.connect(ctx, pgDiagRole)
+	pool, err := b.pool(ctx, pgDiagRole)
 	if err != nil {
 		return 0, nil, err
 	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	defer pool.Close()
 	segments := func(n int) error {
 		for range n {
-			if _, _, err := b.resources[0].txn(ctx, conn, true); err != nil {
+			if _, _, err := b.resources[0].txn(ctx, pool, true); err != nil {
 				return err
 			}
 		}
@@ -122,7 +122,7 @@ func (b *pgBench) functionTimes(ctx context.Context) (int, []pgFunction, error) 
 	if err := ctxtime.Sleep(ctx, 1100*time.Millisecond); err != nil {
 		return 0, nil, err
 	}
-	if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+	if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
 		return 0, nil, err
 	}
 	before, err := b.functionCounts(ctx, int64(warm))
@@ -132,9 +132,7 @@ func (b *pgBench) functionTimes(ctx context.Context) (int, []pgFunction, error) 
 	if err := segments(n); err != nil {
 		return 0, nil, err
 	}
-	if err := conn.Close(ctx); err != nil {
-		return 0, nil, err
-	}
+	pool.Close() // a session reports its counts when it ends
 	after, err := b.functionCounts(ctx, int64(warm+n))
 	if err != nil {
 		return 0, nil, err
@@ -204,7 +202,7 @@ const (
 	sqlResourceLock = "SELECT * FROM fencekeeper.resources r WHERE r.resource_id = $1 FOR NO KEY UPDATE"
 	sqlGrantLookup  = "SELECT * FROM fencekeeper.grants x WHERE x.resource_id = $1 AND x.fence = $2 AND x.grant_doc = $3::jsonb"
 	sqlHolderLookup = "SELECT * FROM fencekeeper.grants x WHERE x.resource_id = $1 AND x.ended_at IS NULL ORDER BY x.fence DESC LIMIT 1"
-	sqlGuardLookup  = "SELECT 1 FROM fencekeeper.receipts r WHERE r.xact_id = pg_current_xact_id() AND r.resource_id = $1"
+	sqlGuardLookup  = "SELECT 1 FROM fencekeeper.resources r WHERE r.resource_id = $1 AND r.segment_xact = pg_current_xact_id()"
 )
 
 // plans explains begin_segment's lookups, then begins a segment and
@@ -231,7 +229,7 @@ func (b *pgBench) plans(ctx context.Context) ([]pgPlan, error) {
 		{"grant lookup (resource, fence, document)", sqlGrantLookup, []any{r.id, r.grant.FenceToken, doc}},
 		{"holder lookup", sqlHolderLookup, []any{r.id}},
 		{"begin_segment, its first call in a session", "SELECT fencekeeper.begin_segment($1::jsonb)", []any{env.Encode()}},
-		{"guard's lookup by xact_id", sqlGuardLookup, []any{r.id}},
+		{"guard's lookup (the resource row names the transaction)", sqlGuardLookup, []any{r.id}},
 		{"guarded UPDATE (fencekeeper_guard trigger)", r.fencedSQL, []any{1}},
 	} {
 		p, err := explain(ctx, tx, q.what, q.sql, q.args...)
@@ -279,12 +277,12 @@ func (b *pgBench) historyProbe(ctx context.Context) (pgProbe, pgPlan, error) {
 	segmentP50 := func() (float64, error) {
 		var s []time.Duration
 		for i := range p.Segments + 1 {
-			_, steps, err := r.txn(ctx, b.conns[0], true)
+			_, steps, err := r.txn(ctx, b.pools[0], true)
 			if err != nil {
 				return 0, err
 			}
 			if i > 0 { // the first may delete the receipts of an older fence
-				s = append(s, steps[1])
+				s = append(s, steps[0])
 			}
 		}
 		return summarize(s).P50, nil

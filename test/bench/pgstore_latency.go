@@ -23,15 +23,15 @@ type pgLatencyRep struct {
 	Fenced   dist    `json:"fenced"`
 	P50Ratio float64 `json:"p50_ratio"`
 	P99Ratio float64 `json:"p99_ratio"`
-	// BeginSegmentP50: the begin_segment round trip's p50 in this
-	// repetition (the receipts grow by one row a segment).
+	// BeginSegmentP50: the fenced BEGIN round trip's p50 in this
+	// repetition, begin_segment included (the receipts grow by one row a segment).
 	BeginSegmentP50 float64 `json:"begin_segment_p50_ms"`
 	// GuardedUpdateP50: the fenced UPDATE's round trip (the guard trigger
 	// looks the transaction's receipt up).
 	GuardedUpdateP50 float64 `json:"guarded_update_p50_ms"`
 }
 
-// pgStep is one round trip of the transactions (plain has no begin_segment).
+// pgStep is one round trip of the transactions.
 type pgStep struct {
 	Name   string `json:"name"`
 	Plain  dist   `json:"plain"`
@@ -41,20 +41,20 @@ type pgStep struct {
 // latencySamples collects one kind's samples: totals, and each round trip.
 type latencySamples struct {
 	total []time.Duration
-	steps [4][]time.Duration
+	steps [3][]time.Duration
 }
 
-func (s *latencySamples) add(d time.Duration, steps [4]time.Duration) {
+func (s *latencySamples) add(d time.Duration, steps [3]time.Duration) {
 	s.total = append(s.total, d)
 	for i, x := range steps {
 		s.steps[i] = append(s.steps[i], x)
 	}
 }
 
-// latency runs the interleaved repetitions on conns[0] and resource 0.
+// latency runs the interleaved repetitions on pools[0] and resource 0.
 func (b *pgBench) latency(ctx context.Context, log io.Writer) (pgLatency, error) {
 	var out pgLatency
-	conn, r := b.conns[0], b.resources[0]
+	conn, r := b.pools[0], b.resources[0]
 	// pair runs one plain and one fenced transaction, in the block's order.
 	pair := func(i, rep int, plain, fenced *latencySamples) error {
 		fencedFirst := (i/b.cfg.Block+rep)%2 == 1
@@ -91,8 +91,8 @@ func (b *pgBench) latency(ctx context.Context, log io.Writer) (pgLatency, error)
 				return out, err
 			}
 		}
-		x := pgLatencyRep{Plain: summarize(plain.total), Fenced: summarize(fenced.total), BeginSegmentP50: summarize(fenced.steps[1]).P50,
-			GuardedUpdateP50: summarize(fenced.steps[2]).P50}
+		x := pgLatencyRep{Plain: summarize(plain.total), Fenced: summarize(fenced.total), BeginSegmentP50: summarize(fenced.steps[0]).P50,
+			GuardedUpdateP50: summarize(fenced.steps[1]).P50}
 		x.P50Ratio, x.P99Ratio = ratio(x.Fenced.P50, x.Plain.P50), ratio(x.Fenced.P99, x.Plain.P99)
 		out.Reps = append(out.Reps, x)
 		fmt.Fprintf(log, "   repetition %d/%d: p50/p99 plain %s/%s ms, fenced %s/%s ms (%s×/%s×)\n", rep+1, b.cfg.Reps,
@@ -109,11 +109,7 @@ func (b *pgBench) latency(ctx context.Context, log io.Writer) (pgLatency, error)
 		return out, errNoSamples
 	}
 	for j, name := range stepNames {
-		st := pgStep{Name: name, Fenced: summarize(all[1].steps[j])}
-		if name != "begin_segment" {
-			st.Plain = summarize(all[0].steps[j])
-		}
-		out.Steps = append(out.Steps, st)
+		out.Steps = append(out.Steps, pgStep{Name: name, Plain: summarize(all[0].steps[j]), Fenced: summarize(all[1].steps[j])})
 	}
 	return out, nil
 }

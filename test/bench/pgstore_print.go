@@ -45,7 +45,7 @@ func (l pgLatency) print(tb *table) {
 	tb.distRow("plain: BEGIN; UPDATE; COMMIT", l.Plain)
 	tb.distRow("fenced: BEGIN; begin_segment; UPDATE; COMMIT", l.Fenced)
 	tb.section("   interleaved repetitions")
-	tb.row("repetition", "n", "plain p50", "fenced p50", "p50 ratio", "plain p99", "fenced p99", "p99 ratio", "begin_segment p50", "guarded UPDATE p50")
+	tb.row("repetition", "n", "plain p50", "fenced p50", "p50 ratio", "plain p99", "fenced p99", "p99 ratio", "BEGIN + begin_segment p50", "guarded UPDATE p50")
 	for i, r := range l.Reps {
 		tb.row(i+1, r.Fenced.N, r.Plain.P50, r.Fenced.P50, r.P50Ratio, r.Plain.P99, r.Fenced.P99, r.P99Ratio, r.BeginSegmentP50, r.GuardedUpdateP50)
 	}
@@ -60,7 +60,7 @@ func (l pgLatency) print(tb *table) {
 	}
 	tb.row("whole transaction", l.Plain.P50, l.Fenced.P50, signed(round3(l.Fenced.P50-l.Plain.P50)), l.Plain.P99, l.Fenced.P99)
 	tb.flush()
-	fmt.Fprintln(tb.out, "  UPDATE: fenced runs the fencekeeper_guard trigger (its receipt lookup by xact_id); COMMIT: fenced runs the deferred recheck_at_commit trigger and flushes more WAL")
+	fmt.Fprintln(tb.out, "  BEGIN: fenced sends begin_segment_enforced in the same message; UPDATE: fenced runs the fencekeeper_guard trigger (a lookup of the resource row); COMMIT: fenced runs the deferred recheck_at_commit trigger and flushes more WAL")
 }
 
 func (t pgThroughput) print(tb *table, window string) {
@@ -92,11 +92,11 @@ func (d pgDiagnosis) print(tb *table) {
 	}
 	fmt.Fprintf(tb.out, "receipts at the end: %d rows, %s MiB (one per accepted segment, kept while the fence is the highest); grants: %d rows\n",
 		d.Receipts, fmtF(d.ReceiptsMiB), d.Grants)
-	fmt.Fprintf(tb.out, "a segment's envelope: %d bytes (sent with begin_segment, stored in resources.last_envelope at every segment)\n", d.EnvelopeBytes)
+	fmt.Fprintf(tb.out, "a segment's envelope: %d bytes (sent with begin_segment; its digest is stored in resources.last_envelope_digest at every segment)\n", d.EnvelopeBytes)
 	fmt.Fprintf(tb.out, "8 KiB write + fsync on the data directory's filesystem: p50 %s ms, p99 %s ms (n=%d): the least a durable commit waits here\n",
 		fmtF3(d.Flush.P50), fmtF3(d.Flush.P99), d.Flush.N)
 	h := d.HistoryProbe
-	fmt.Fprintf(tb.out, "grant history: begin_segment round trip p50 %s ms → %s ms once %d ended grants of other resources precede the current one → %s ms with an index on grants (resource_id, fence) (%d segments each)\n",
+	fmt.Fprintf(tb.out, "grant history: BEGIN + begin_segment round trip p50 %s ms → %s ms once %d ended grants of other resources precede the current one → %s ms with an index on grants (resource_id, fence) (%d segments each)\n",
 		fmtF3(h.BeforeP50), fmtF3(h.AfterP50), h.EndedGrants, fmtF3(h.IndexedP50), h.Segments)
 	fmt.Fprintf(tb.out, "  %s: %s\n", d.HistoryPlanOf.What, d.HistoryPlanOf.Summary)
 }

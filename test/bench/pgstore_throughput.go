@@ -106,12 +106,12 @@ func (b *pgBench) window(ctx context.Context, fenced bool, d time.Duration) (pgW
 	end := start.Add(d)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	errs := make([]error, len(b.conns))
-	for i, conn := range b.conns {
+	errs := make([]error, len(b.pools))
+	for i, pool := range b.pools {
 		wg.Go(func() {
 			var mine []time.Duration
 			for time.Now().Before(end) && ctx.Err() == nil {
-				lat, _, err := b.resources[i].txn(ctx, conn, fenced)
+				lat, _, err := b.resources[i].txn(ctx, pool, fenced)
 				if err != nil {
 					errs[i] = err
 					break
