@@ -9,7 +9,8 @@
 // transaction, under an advisory lock; each version applied once, in order,
 // so installing version N+1 over N keeps every row):
 //   - resources: one row per resourceID with its fence state (highest
-//     fence, operation root, last segment, grant digest, last envelope);
+//     fence, operation root, last segment, grant digest, the last accepted
+//     envelope's digest, the transaction that last began a segment);
 //   - grants: every grant the registry issued for those resources and its
 //     end, written only by the operator's role (PublishGrant, EndGrant);
 //   - receipts: every accepted segment, kept while its fence is the highest;
@@ -32,6 +33,9 @@
 // client's statement of it). test/pgfence runs one table of cases through
 // fence.Decide and through begin_segment, so the two cannot drift.
 //
-// A commit whose answer was lost is resolved through the receipts
-// (Resolve): the receipt and the business change are one transaction.
+// Commit sends BEGIN and the segment's first statement as one message
+// (begin_segment_enforced, schema version 3), so a fenced transaction has a
+// plain one's round trips; Shadow and older schemas take BEGIN, then
+// begin_segment. A commit whose answer was lost is resolved through the
+// receipts (Resolve): the receipt and the business change are one transaction.
 package pgfence
