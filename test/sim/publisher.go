@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -37,6 +38,8 @@ type publication struct {
 	// the other grants (storeBroken.endAfterSuccessor).
 	keepOthers bool
 	key        string
+	// restores: the registry's restores when it was read.
+	restores int
 }
 
 func (p *publication) describe() string {
@@ -68,7 +71,7 @@ func newPublisher(w *world) *publisher { return &publisher{w: w} }
 // snapshot is the registry's current truth for the store.
 func (p *publisher) snapshot() *publication {
 	r := p.w.reg
-	pub := &publication{generation: r.fr.Generation, revokedBelow: r.revokedBelow}
+	pub := &publication{generation: r.fr.Generation, revokedBelow: r.revokedBelow, restores: r.restores}
 	if h := r.fr.Status.Holder; h != nil {
 		g := h.Grant(r.fr.Spec.ResourceID)
 		pub.holder, pub.expiresAt = &g, h.ExpiresAt.Time
@@ -124,10 +127,11 @@ func (p *publisher) run() {
 	w.send(r)
 	p.inFlight = r
 	if p.duplicate {
-		p.duplicate = false
-		dup := &request{kind: reqPublish, user: r.user, pub: pub, fault: faultNone, notBefore: w.now.Add(time.Duration(w.rng.IntN(3000)) * time.Millisecond)}
-		w.send(dup)
-		w.storeFaultFired(sfPublicationDuplicated, "the publication of holder %s is delivered twice", pub.describe())
+		// A transaction is not duplicated by a network: the publisher sends
+		// the same truth again (a retry after a lost answer), before anything
+		// newer. The store applies it twice in a row.
+		p.duplicate, r.twice = false, true
+		w.storeFaultFired(sfPublicationDuplicated, "the publication of holder %s is applied twice", pub.describe())
 	}
 	w.tracef("publisher: publishes generation %d, revokedBelow %d, holder %s", pub.generation, pub.revokedBelow, pub.describe())
 }
@@ -198,11 +202,38 @@ func (p *publisher) nextEvent() time.Time {
 // network (and lands if it arrives in time); the next leader's publisher
 // starts with no memory.
 func (p *publisher) leaderLost() {
-	*p = publisher{w: p.w, lose: p.lose, loseAnswer: p.loseAnswer, delay: p.delay, duplicate: p.duplicate}
+	w := p.w
+	if r := p.inFlight; r != nil {
+		// Its transaction, not yet decided, dies with the process, unless
+		// its COMMIT was already on its way: then it lands first (it holds
+		// the issuer row every publication updates, so no successor's
+		// transaction can commit before it).
+		if i := slices.Index(w.requests, r); i >= 0 {
+			w.requests = slices.Delete(w.requests, i, i+1)
+			if w.rng.IntN(2) == 0 {
+				w.tracef("publisher: the leader dies; its publication's COMMIT was on its way and lands")
+				w.deliverRequest(r)
+			} else {
+				w.tracef("publisher: the leader dies; its publication rolls back with its session")
+			}
+		}
+	}
+	*p = publisher{w: w, lose: p.lose, loseAnswer: p.loseAnswer, delay: p.delay, duplicate: p.duplicate}
+	if w.cfg.deposedPublisher {
+		// The old leader stopped (paused) in the middle of a reconcile, with
+		// the registry's truth as its cache showed it then; it resumes after
+		// its successor took over, before it notices it lost its lease, and
+		// its transaction goes through.
+		pub := p.snapshot()
+		r := &request{kind: reqPublish, user: "system:serviceaccount:fencekeeper-system:fencekeeper-manager (deposed)", pub: pub, fault: faultNone, deposed: true}
+		w.send(r)
+		r.notBefore = w.reg.outageUntil.Add(time.Duration(500+w.rng.IntN(15000)) * time.Millisecond)
+		w.tracef("publisher: the deposed leader's publication of holder %s will land at +%s", pub.describe(), r.notBefore.Sub(simStart).Truncate(time.Millisecond))
+	}
 }
 
 // timedOut: the publication's caller gave up before it arrived; its
 // connection is closed, so it never runs.
 func (r *request) publicationTimedOut(now time.Time) bool {
-	return r.kind == reqPublish && !now.Before(r.sentAt.Add(storeCallTimeout))
+	return r.kind == reqPublish && !r.deposed && !now.Before(r.sentAt.Add(storeCallTimeout))
 }

@@ -78,6 +78,8 @@ type registry struct {
 	// mirrorLost: that many of the next committed decisions lose their
 	// LockGrant writes (FaultMirrorLost).
 	mirrorLost int
+	// restores counts the backups restored so far.
+	restores int
 }
 
 // snapshot is a backup of the registry's backend (and the oracle's view of
@@ -427,6 +429,7 @@ func (r *registry) takeSnapshot() {
 // spec) and the LockGrants go back in time; the issuer process, the trust
 // bundle and the protected object do not.
 func (r *registry) restore(s snapshot) {
+	r.restores++
 	r.fr = *s.fr.DeepCopy()
 	r.frWritten()
 	r.grants = r.grants[:0:0]

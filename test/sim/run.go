@@ -55,6 +55,11 @@ type Config struct {
 	StoreOneIn int
 	// storeFaults: the store faults schedules draw from (nil: all). Tests only.
 	storeFaults []storeFault
+	// deposedPublisher: at a leader change, the old leader's publication
+	// (of the registry as it was then) lands after its successor's. Nothing
+	// in the product fences it; it is left out of the gates and shown by
+	// TestDeposedPublisherLandsLate. Tests only.
+	deposedPublisher bool
 	// storeBroken breaks a store or publisher rule on purpose. Tests only.
 	storeBroken storeBroken
 	// Trace records one line per event (slow: for replaying a seed).
@@ -139,6 +144,10 @@ type Counters struct {
 	// stopped because a registry restore left the store's policy generation
 	// ahead of the registry's (publisher.repairGeneration).
 	StoreGenerationRepairs int64
+	// StoreHolderEnded: publications that ended the registry's current
+	// holder at the store (it cannot write there again), the registry not
+	// restored since they were read.
+	StoreHolderEnded int64
 	// StoreLagWrites: segments committed in the documented publication lag, by lagNames.
 	StoreLagWrites           [numLagReasons]int64
 	StoreUnknown             int64 // COMMITs without an answer
@@ -251,6 +260,7 @@ func (c *Counters) add(o *Counters) {
 	c.StorePublishFailures += o.StorePublishFailures
 	c.StoreWaitsGivenUp += o.StoreWaitsGivenUp
 	c.StoreGenerationRepairs += o.StoreGenerationRepairs
+	c.StoreHolderEnded += o.StoreHolderEnded
 	for i := range c.StoreLagWrites {
 		c.StoreLagWrites[i] += o.StoreLagWrites[i]
 	}

@@ -424,6 +424,9 @@ func (s *pgStore) servePublish(r *request, rp *reply) *reply {
 		return nil
 	}
 	s.applyPublication(p)
+	if r.twice {
+		s.applyPublication(p)
+	}
 	return rp
 }
 
@@ -449,6 +452,13 @@ func (s *pgStore) applyPublication(p *publication) {
 		for _, g := range s.order {
 			if !g.ended && g.digest != holder {
 				g.ended = true
+				if h := w.reg.fr.Status.Holder; h != nil && h.Digest == g.digest && p.restores == w.reg.restores {
+					// Ended at the store while the registry holds it, and
+					// the registry did not go back since the publication
+					// was read: for good, publish_grant never re-opens a grant.
+					w.res.StoreHolderEnded++
+					w.tracef("store: the registry's holder (fence %d) is ended at the store by a publication of holder %s", h.FenceToken, p.describe())
+				}
 			}
 		}
 	}

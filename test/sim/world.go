@@ -110,6 +110,9 @@ type request struct {
 	storeTx     int64
 	storeEnv    fence.Envelope
 	pub         *publication
+	// deposed: a deposed leader's publication (Config.deposedPublisher);
+	// twice: a publication the store applies twice in a row.
+	deposed, twice bool
 }
 
 // replyStatus is the server's answer.
