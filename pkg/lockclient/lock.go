@@ -10,6 +10,7 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
+	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
 )
 
 // This file is the Lock and what it tells its user; acquire.go gets the
@@ -51,6 +52,11 @@ type Lock struct {
 	updates   chan *locksv1.LockGrant
 	following context.Context
 	cancel    context.CancelFunc
+
+	// stores: per database, the segment this lock's grant last committed
+	// there, so the next CommitTx needs no read first (store.go).
+	storesMu sync.Mutex
+	stores   map[pgfence.Pool]storeCursor
 }
 
 // Done is closed when the lock ended (expired, revoked or released).

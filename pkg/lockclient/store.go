@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,7 +32,9 @@ const StoreKind = "PostgreSQL"
 // It waits until the operator has published the grant at the store, so a
 // HELD lock never meets its own grant unpublished (while ctx lasts and the
 // lock lives). The segment number continues from the store's fence state, so
-// a restarted worker resumes where it stopped. The resource row's lock
+// a restarted worker resumes where it stopped; after a commit the lock
+// remembers where its grant stands at that database, and the next commit
+// there sends its segment without reading first. The resource row's lock
 // orders commits: one that finds its number taken by a commit made since it
 // read the state (QUARANTINED, or ALREADY_APPLIED of another segment) is
 // numbered again and fn runs again, in a new transaction; fn's work in a
@@ -56,21 +59,71 @@ func (op *Operation) CommitTx(ctx context.Context, db pgfence.Pool, payload stri
 			return fence.Receipt{}, err
 		}
 		g, proof := op.lock.Grant()
-		st, err := op.storeReady(ctx, db, g)
-		if err != nil {
-			return fence.Receipt{}, err
+		next, ok := op.lock.storeNext(db, g)
+		if !ok {
+			st, err := op.storeReady(ctx, db, g)
+			if err != nil {
+				return fence.Receipt{}, err
+			}
+			next = st.NextSegment(g)
 		}
-		env := fence.Envelope{Grant: g, Proof: proof, Operation: op.id, Segment: st.NextSegment(g), Payload: payload}
+		env := fence.Envelope{Grant: g, Proof: proof, Operation: op.id, Segment: next, Payload: payload}
 		want := fence.Receipt{Fence: g.FenceToken, Segment: env.Segment, Operation: op.id, Payload: payload,
 			Receipt: fence.ReceiptDigest(g.Resource, g.FenceToken, g.OperationRoot, env.Segment, op.id, payload)}
 		got, err := pgfence.Commit(ctx, db, env, fn)
 		r, again, err := op.settleStore(ctx, g, want, got, err)
+		op.lock.storeCommitted(db, g, want.Segment, err == nil && got != "")
 		if !again {
 			return r, err
 		}
 		taken = err
 	}
 	return fence.Receipt{}, fmt.Errorf("lockclient: commit to %s kept meeting other commits: %w", op.lock.resource, taken)
+}
+
+// storeCursor is where a lock's grant stands at one database: the segment
+// it last committed there.
+type storeCursor struct {
+	digest string
+	last   int64
+}
+
+// storeNext is the segment that follows the last one g committed at db
+// through this lock, when this lock committed one there since it holds g.
+// The resource row's lock at the store is what orders segments: a number
+// another commit took since is refused there, and CommitTx reads the
+// store's state again (storeCommitted forgot the cursor).
+func (l *Lock) storeNext(db pgfence.Pool, g grant.Grant) (int64, bool) {
+	if !reflect.TypeOf(db).Comparable() {
+		return 0, false
+	}
+	l.storesMu.Lock()
+	defer l.storesMu.Unlock()
+	c, ok := l.stores[db]
+	if !ok || c.digest != g.Digest() {
+		return 0, false
+	}
+	return c.last + 1, true
+}
+
+// storeCommitted moves the cursor past segment when it committed with a
+// receipt, and forgets it otherwise (the next commit reads the store).
+func (l *Lock) storeCommitted(db pgfence.Pool, g grant.Grant, segment int64, committed bool) {
+	if !reflect.TypeOf(db).Comparable() {
+		return
+	}
+	l.storesMu.Lock()
+	defer l.storesMu.Unlock()
+	if !committed {
+		delete(l.stores, db)
+		return
+	}
+	if l.stores == nil {
+		l.stores = map[pgfence.Pool]storeCursor{}
+	}
+	if c, ok := l.stores[db]; !ok || c.digest != g.Digest() || c.last < segment {
+		l.stores[db] = storeCursor{digest: g.Digest(), last: segment}
+	}
 }
 
 // settleStore interprets pgfence.Commit's answer: the receipt, an error, or

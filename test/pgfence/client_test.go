@@ -26,7 +26,8 @@ import (
 // commits segments there. Then the stale story: A's lease expires unrenewed,
 // B takes over and writes; A's lock knows it expired (ErrExpired, nothing
 // sent), and what a paused A would still send is refused by the database
-// (STALE_OWNER). B's row stands.
+// (STALE_OWNER). B's row stands. B's commits continue from where its lock
+// stood, and are numbered again when another commit took the number.
 func TestClientCommitsToTheStore(t *testing.T) {
 	ctrl.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -87,6 +88,18 @@ func TestClientCommitsToTheStore(t *testing.T) {
 	if err != nil || r.Fence != 2 || r.Segment != 1 {
 		t.Fatalf("B's segment: %+v, %v", r, err)
 	}
+	// A second process of B commits segment 2 under B's grant behind this
+	// lock's back: B's next commit, numbered from where this lock stood,
+	// is refused by the store, numbered again from its state, and lands as 3.
+	gB, proofB := lockB.Grant()
+	other, otherFn := change("260")
+	if _, err := pgfence.Commit(ctx, pool, fence.Envelope{Grant: gB, Proof: proofB, Operation: "settle-b-elsewhere", Segment: 2, Payload: other}, otherFn); err != nil {
+		t.Fatalf("the other commit under B's grant: %v", err)
+	}
+	payload, fn = change("270")
+	if r, err = lockB.Operation("settle-b").CommitTx(ctx, pool, payload, fn); err != nil || r.Fence != 2 || r.Segment != 3 {
+		t.Fatalf("B's segment after another took 2: %+v, %v", r, err)
+	}
 
 	payload, fn = change("999")
 	if _, err := opA.CommitTx(ctx, pool, payload, fn); !errors.Is(err, lockclient.ErrExpired) {
@@ -97,7 +110,7 @@ func TestClientCommitsToTheStore(t *testing.T) {
 	if re, ok := pgfence.AsRefusal(err); !ok || re.Verdict != fence.StaleOwner {
 		t.Fatalf("a paused A's segment: %v, want STALE_OWNER", err)
 	}
-	if got := invoiceAmount(t, s.admin, 1); got != "250" {
-		t.Fatalf("invoice 1 is %q, want B's 250", got)
+	if got := invoiceAmount(t, s.admin, 1); got != "270" {
+		t.Fatalf("invoice 1 is %q, want B's 270", got)
 	}
 }
