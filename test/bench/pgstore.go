@@ -59,21 +59,35 @@ type pgstoreConfig struct {
 	DiagSegments int `json:"diagnosis_segments"`
 	// HistoryGrants: ended grants of other resources the history probe adds.
 	HistoryGrants int `json:"history_grants"`
+	// PublishChain and PublishQueued: P4's samples of HELD → first
+	// segment, from uncontended acquisitions and from handoffs between two
+	// workers.
+	PublishChain  int `json:"publication_uncontended_samples"`
+	PublishQueued int `json:"publication_handoff_samples"`
+	// LockWorkers: P5's workers on one resource (and on one plain row);
+	// LockReps windows of LockWindow of each kind, after LockWarmup of each.
+	LockWorkers int           `json:"one_resource_workers"`
+	LockReps    int           `json:"one_resource_repetitions"`
+	LockWindow  time.Duration `json:"-"`
+	LockWarmup  time.Duration `json:"-"`
 	// Out: where the JSON goes ("" nowhere).
 	Out string `json:"-"`
 }
 
 // pgstoreFull is make bench's size: 2,500 samples of each kind in 5
-// repetitions, 5 windows of 2 s of each kind.
+// repetitions, 5 windows of 2 s of each kind; through the lock, 400
+// handoffs and 3 windows of 5 s of each kind.
 func pgstoreFull() pgstoreConfig {
 	return pgstoreConfig{Samples: 2500, Reps: 5, Block: 10, Warmup: 200, Workers: 8,
-		Window: 2 * time.Second, WindowWarmup: time.Second, DiagSegments: 500, HistoryGrants: 50000}
+		Window: 2 * time.Second, WindowWarmup: time.Second, DiagSegments: 500, HistoryGrants: 50000,
+		PublishChain: 200, PublishQueued: 200, LockWorkers: 8, LockReps: 3, LockWindow: 5 * time.Second, LockWarmup: time.Second}
 }
 
 // pgstoreQuick is make test's size: the same shape, seconds in all.
 func pgstoreQuick() pgstoreConfig {
 	return pgstoreConfig{Quick: true, Samples: 200, Reps: 5, Block: 10, Warmup: 20, Workers: 8,
-		Window: 300 * time.Millisecond, WindowWarmup: 150 * time.Millisecond, DiagSegments: 50, HistoryGrants: 5000}
+		Window: 300 * time.Millisecond, WindowWarmup: 150 * time.Millisecond, DiagSegments: 50, HistoryGrants: 5000,
+		PublishChain: 10, PublishQueued: 10, LockWorkers: 8, LockReps: 1, LockWindow: 1500 * time.Millisecond, LockWarmup: 300 * time.Millisecond}
 }
 
 // The targets and the repetition rule for tails.
@@ -106,16 +120,23 @@ var pgserverSettings = []string{"fsync", "synchronous_commit", "wal_sync_method"
 
 // pgstoreResult is what a run measured, printed as sections and written as JSON.
 type pgstoreResult struct {
-	Start      time.Time      `json:"start"`
-	RunTime    string         `json:"run_time"`
-	Config     pgstoreConfig  `json:"config"`
-	Window     string         `json:"throughput_window"`
-	Server     pgServerInfo   `json:"server"`
-	Latency    pgLatency      `json:"latency"`
-	Throughput pgThroughput   `json:"throughput"`
-	Diagnosis  pgDiagnosis    `json:"diagnosis"`
-	Checks     []pgstoreCheck `json:"checks"`
-	Verdict    string         `json:"verdict"`
+	Start      time.Time     `json:"start"`
+	RunTime    string        `json:"run_time"`
+	Config     pgstoreConfig `json:"config"`
+	Window     string        `json:"throughput_window"`
+	Server     pgServerInfo  `json:"server"`
+	Latency    pgLatency     `json:"latency"`
+	Throughput pgThroughput  `json:"throughput"`
+	Diagnosis  pgDiagnosis   `json:"diagnosis"`
+	// Operator: how the lock passes ran the operator; Commit: the build;
+	// LockRunTime: the lock passes' share of RunTime, start-up included.
+	Operator    string         `json:"operator"`
+	Commit      string         `json:"commit"`
+	LockRunTime string         `json:"lock_run_time"`
+	Publication pgPublication  `json:"publication"`
+	OneResource pgOneResource  `json:"one_resource"`
+	Checks      []pgstoreCheck `json:"checks"`
+	Verdict     string         `json:"verdict"`
 }
 
 type pgServerInfo struct {
@@ -177,7 +198,7 @@ type pgBench struct {
 // throughput and diagnosis passes and judges the targets. The result holds
 // what was measured even when err is not nil.
 func runPGStore(ctx context.Context, cfg pgstoreConfig, log io.Writer) (*pgstoreResult, error) {
-	res := &pgstoreResult{Start: time.Now().UTC(), Config: cfg, Window: cfg.Window.String(),
+	res := &pgstoreResult{Start: time.Now().UTC(), Config: cfg, Window: cfg.Window.String(), Commit: repoCommit(),
 		Server: pgServerInfo{CPUs: runtime.NumCPU(), LoadBefore: uptime()}}
 	start := time.Now()
 	defer func() {
@@ -207,6 +228,9 @@ func runPGStore(ctx context.Context, cfg pgstoreConfig, log io.Writer) (*pgstore
 	fmt.Fprintln(log, "== diagnosis: the schema's functions per call, plans of begin_segment's lookups")
 	if res.Diagnosis, err = b.diagnose(ctx); err != nil {
 		return res, fmt.Errorf("diagnosis: %w", err)
+	}
+	if err := b.lockPasses(ctx, res, log); err != nil {
+		return res, fmt.Errorf("through the lock: %w", err)
 	}
 	res.judge()
 	return res, nil
@@ -418,7 +442,16 @@ func (res *pgstoreResult) judge() {
 	if !math.IsNaN(tp.Ratio) && !math.IsInf(tp.Ratio, 0) && tp.Ratio >= pgThroughputFloor {
 		tp.Result = verdictPass
 	}
-	res.Checks = []pgstoreCheck{p50, p99, tp}
+	o := res.OneResource
+	lost := pgstoreCheck{Name: fmt.Sprintf("no lost update, %d workers on one resource", o.Workers),
+		Rule:    "row = acknowledged commits, fences increase in commit order; plain: SELECT … FOR UPDATE (ratio reported, not judged)",
+		Control: o.Plain.PerSecond, Measured: o.Fenced.PerSecond, Unit: "commits/s", Ratio: o.Ratio, Result: verdictFail,
+		Detail: o.FencedCheck.describe("fenced") + "; " + o.PlainCheck.describe("plain") +
+			fmt.Sprintf("; %s handoffs/s; the ratio is not judged: every handoff of the lock goes through the API server and the operator", fmtF(o.Fenced.HandoffsPerSecond))}
+	if o.NoLostUpdate {
+		lost.Result = verdictPass
+	}
+	res.Checks = []pgstoreCheck{p50, p99, tp, lost}
 	res.Verdict = verdictPass
 	for i, c := range res.Checks {
 		if math.IsNaN(c.Ratio) || math.IsInf(c.Ratio, 0) {

@@ -25,10 +25,19 @@ func (res *pgstoreResult) print(out io.Writer) {
 	res.Latency.print(tb)
 	res.Throughput.print(tb, res.Window)
 	res.Diagnosis.print(tb)
+	if res.Operator != "" {
+		fmt.Fprintf(tb.out, "\nthrough the lock: the operator %s, commit %s\n", res.Operator, res.Commit)
+	}
+	res.Publication.print(tb)
+	res.OneResource.print(tb, res.Config.LockWindow)
 	tb.section("PostgreSQL store targets (fenced segment vs plain transaction, same server, same run)")
 	tb.row("target", "rule", "plain", "fenced", "ratio", "limit", "result")
 	for _, c := range res.Checks {
-		tb.row(c.Name, c.Rule, fmtF(c.Control)+" "+c.Unit, fmtF(c.Measured)+" "+c.Unit, fmtF(c.Ratio)+"×", fmtF(c.Limit)+"×", c.Result)
+		limit, r := fmtF(c.Limit)+"×", fmtF(c.Ratio)+"×"
+		if c.Limit == 0 {
+			limit, r = "not judged", fmtF3(c.Ratio)+"×"
+		}
+		tb.row(c.Name, c.Rule, fmtF(c.Control)+" "+c.Unit, fmtF(c.Measured)+" "+c.Unit, r, limit, c.Result)
 	}
 	tb.flush()
 	for _, c := range res.Checks {

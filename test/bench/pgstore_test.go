@@ -23,8 +23,11 @@ var (
 
 // TestPGStoreBench measures the PostgreSQL store against plain
 // transactions on one durable server: latency, throughput and where the
-// cost goes. Quick, it asserts no timing threshold (shared CI machines are
-// noise), only that every figure and verdict was measured.
+// cost goes; then, through the lock on the embedded control plane with the
+// operator publishing to that server, HELD → first segment and eight
+// workers on one resource. Quick, it asserts no timing threshold (shared
+// CI machines are noise), only that every figure and verdict was measured
+// and that no update was lost.
 func TestPGStoreBench(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a PostgreSQL server; skipped with -short")
@@ -33,7 +36,7 @@ func TestPGStoreBench(t *testing.T) {
 	cfg.Out = filepath.Join(t.TempDir(), "pgstore.json")
 	var buf bytes.Buffer
 	var log io.Writer = &buf
-	timeout := 2 * time.Minute
+	timeout := 4 * time.Minute
 	if *pgstoreFullFlag {
 		root, err := localcp.RepoRoot()
 		if err != nil {
@@ -81,8 +84,23 @@ func TestPGStoreBench(t *testing.T) {
 	if len(res.Diagnosis.Functions) == 0 || res.Diagnosis.Functions[0].CallsPerSegment <= 0 {
 		t.Errorf("no function times: %+v", res.Diagnosis.Functions)
 	}
-	if len(res.Checks) != 3 || res.Verdict == "" {
-		t.Errorf("%d targets judged (want 3: p50, p99, throughput), verdict %q", len(res.Checks), res.Verdict)
+	p, o := res.Publication, res.OneResource
+	positive("first commit after HELD p99", p.First.P99)
+	positive("first commit of an uncontended acquisition p50", p.Chain.P50)
+	positive("first commit of a handoff p50", p.Queued.P50)
+	positive("second commit p99", p.Second.P99)
+	if p.PublishedAfterHeld.N != p.First.N {
+		t.Errorf("published_at read for %d of %d grants", p.PublishedAfterHeld.N, p.First.N)
+	}
+	positive("one resource: fenced commits/s", o.Fenced.PerSecond)
+	positive("one resource: handoffs/s", o.Fenced.HandoffsPerSecond)
+	positive("one resource: plain commits/s", o.Plain.PerSecond)
+	positive("one resource: fenced CommitTx p50", o.Commit.P50)
+	if !o.NoLostUpdate {
+		t.Errorf("an update was lost: %s; %s", o.FencedCheck.describe("fenced"), o.PlainCheck.describe("plain"))
+	}
+	if len(res.Checks) != 4 || res.Verdict == "" {
+		t.Errorf("%d targets judged (want 4: p50, p99, throughput, no lost update), verdict %q", len(res.Checks), res.Verdict)
 	}
 	if *pgstoreFailFlag && res.Verdict == verdictFail {
 		t.Errorf("a PostgreSQL store target failed")
