@@ -128,8 +128,8 @@ type pgOneResource struct {
 	Commit      dist `json:"fenced_commit_tx"`
 	Release     dist `json:"fenced_release"`
 	// Operator: the publications over the fenced windows.
-	Operator              pgPublishMetric `json:"operator_publish_duration"`
-	PublicationsPerHandof float64         `json:"publications_per_handoff"`
+	Operator               pgPublishMetric `json:"operator_publish_duration"`
+	PublicationsPerHandoff float64         `json:"publications_per_handoff"`
 	// The no-lost-update evidence, over every commit of the pass (warm-up
 	// included): what each side's row holds, the commits acknowledged to
 	// the workers, the commit log (one row a commit, in commit order).
@@ -551,7 +551,7 @@ func (le *pgLockEnv) oneResource(ctx context.Context, log io.Writer) (pgOneResou
 	out.Ratio = fineRatio(out.Fenced.PerSecond, out.Plain.PerSecond)
 	out.AcquireWait, out.Read, out.Commit, out.Release = summarize(fenced.acquire), summarize(fenced.read), summarize(fenced.commit), summarize(fenced.release)
 	if out.Operator.Publications > 0 && out.Fenced.Handoffs > 0 {
-		out.PublicationsPerHandof = round2(out.Operator.Publications / float64(out.Fenced.Handoffs))
+		out.PublicationsPerHandoff = round2(out.Operator.Publications / float64(out.Fenced.Handoffs))
 	}
 	var err error
 	if out.FencedCheck, err = le.lostUpdate(ctx, pgCounterTable, pgCommitsTable, &fenced, true); err != nil {

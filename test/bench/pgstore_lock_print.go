@@ -64,7 +64,7 @@ func (o pgOneResource) print(tb *table, window time.Duration) {
 	if m := o.Operator; m.Read {
 		h := float64(o.Fenced.Handoffs)
 		fmt.Fprintf(tb.out, "  operator: %s publications (%s per handoff), fencekeeper_store_publish_duration_seconds p50 %s ms, p99 %s ms; issuer: %s registry writes and %s lost compare-and-swaps per handoff, handoff gap p50 %s ms (interpolated in its buckets)\n",
-			fmtF(m.Publications), fmtF(o.PublicationsPerHandof), fmtF3(m.P50), fmtF3(m.P99), fmtF(round2(m.RegistryWrites/h)), fmtF(round2(m.CASConflicts/h)), fmtF3(m.HandoffGapP50))
+			fmtF(m.Publications), fmtF(o.PublicationsPerHandoff), fmtF3(m.P50), fmtF3(m.P99), fmtF(round2(m.RegistryWrites/h)), fmtF(round2(m.CASConflicts/h)), fmtF3(m.HandoffGapP50))
 	}
 	fmt.Fprintf(tb.out, "  %s\n  %s\n", o.FencedCheck.describe("fenced"), o.PlainCheck.describe("plain"))
 }
