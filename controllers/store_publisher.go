@@ -41,6 +41,14 @@ const (
 	storeRetryLongest = 30 * time.Second
 	// storeWorkers bounds how many FencedResources publish at once.
 	storeWorkers = 4
+	// storeWorkersPerNamespace bounds how many of them one namespace's
+	// FencedResources hold at once: a tenant naming stores that hang (each
+	// call holds a worker storeCallTimeout) cannot take every worker and
+	// delay every other tenant's publication, hence their first writes.
+	storeWorkersPerNamespace = storeWorkers / 2
+	// namespaceBusyRetry: a FencedResource whose namespace holds its share
+	// is tried again this soon, without calling any store.
+	namespaceBusyRetry = 100 * time.Millisecond
 )
 
 // The DSN Secrets are read one by one around the cache (get only: never
@@ -56,7 +64,9 @@ const (
 //
 // It is a controller of its own (its own workqueue and workers), so a store
 // that is down delays only the first segment of its own resource's grants,
-// never the issuing of any grant. A failing store is retried with backoff;
+// never the issuing of any grant; one namespace's resources hold at most
+// half of its workers, so stores that hang delay only their own tenant's
+// publications. A failing store is retried with backoff;
 // status.stores and the StoresPublished condition are written in one status
 // write, only when they change.
 type StorePublisher struct {
@@ -73,6 +83,12 @@ type StorePublisher struct {
 	mu        sync.Mutex
 	grantUIDs map[types.NamespacedName]map[string]string
 	failing   map[storeKey]bool
+	// busy counts the reconciles running per namespace.
+	busy map[string]int
+	// retry is the failing resources' backoff. It is the publisher's own,
+	// not the workqueue's: a resource that waits for its namespace's share
+	// is requeued without resetting it.
+	retry workqueue.TypedRateLimiter[reconcile.Request]
 }
 
 // SetupWithManager watches FencedResources that name stores (and those that
@@ -91,7 +107,6 @@ func (r *StorePublisher) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	o := controllerOptions(r.Name != "")
 	o.MaxConcurrentReconciles = storeWorkers
-	o.RateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](storeRetryFirst, storeRetryLongest)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(&locksv1.FencedResource{}, builder.WithPredicates(named)).
@@ -112,6 +127,10 @@ func (r *StorePublisher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if err := r.Identity.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
+	if !r.enter(req.Namespace) {
+		return ctrl.Result{RequeueAfter: namespaceBusyRetry}, nil
+	}
+	defer r.leave(req.Namespace)
 	fr := &locksv1.FencedResource{}
 	if err := r.Client.Get(ctx, req.NamespacedName, fr); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -136,11 +155,43 @@ func (r *StorePublisher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	r.countFailing(req.NamespacedName, outcomes)
 	for _, o := range outcomes {
 		if !o.ok {
-			// controller-runtime's rate-limited backoff retries it.
-			return ctrl.Result{}, fmt.Errorf("store %s of %s: %s", o.name, req.NamespacedName, o.reason)
+			// Status, Event and metrics say why; retried with backoff.
+			return ctrl.Result{RequeueAfter: r.retries().When(req)}, nil
 		}
 	}
+	r.retries().Forget(req)
 	return ctrl.Result{}, nil
+}
+
+func (r *StorePublisher) retries() workqueue.TypedRateLimiter[reconcile.Request] {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.retry == nil {
+		r.retry = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](storeRetryFirst, storeRetryLongest)
+	}
+	return r.retry
+}
+
+// enter takes one of the namespace's share of the workers, if one is free.
+func (r *StorePublisher) enter(namespace string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.busy[namespace] >= storeWorkersPerNamespace {
+		return false
+	}
+	if r.busy == nil {
+		r.busy = map[string]int{}
+	}
+	r.busy[namespace]++
+	return true
+}
+
+func (r *StorePublisher) leave(namespace string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.busy[namespace]--; r.busy[namespace] <= 0 {
+		delete(r.busy, namespace)
+	}
 }
 
 // publication is what every store of a resource receives.

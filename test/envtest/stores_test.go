@@ -3,6 +3,8 @@ package envtest
 import (
 	"context"
 	"fmt"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -281,6 +283,60 @@ var _ = Describe("publishing grants to a PostgreSQL store", Ordered, func() {
 		Expect(published(digestA)()).To(Equal("not published"))
 		Eventually(condition(ns, "ledger")).Should(Equal("True/" + locksv1.ReasonStorePublished))
 		Eventually(count(ns, "ledger", locksv1.EventReasonStoreRecovered)).Should(Equal(1))
+	})
+
+	It("does not let one namespace's hanging stores delay another namespace's publication", func() {
+		// A store that accepts connections and never answers: every
+		// publication to it holds a publisher worker for its whole timeout.
+		tarpit, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		var held []net.Conn
+		var heldMu sync.Mutex
+		go func() {
+			for {
+				c, err := tarpit.Accept()
+				if err != nil {
+					return
+				}
+				heldMu.Lock()
+				held = append(held, c)
+				heldMu.Unlock()
+			}
+		}()
+		hostile := newNamespace()
+		DeferCleanup(func() {
+			for i := range 8 {
+				_ = admin.Delete(suiteCtx, &locksv1.FencedResource{ObjectMeta: objectMeta(hostile, fmt.Sprintf("tarpit-%d", i))})
+			}
+			_ = tarpit.Close()
+			heldMu.Lock()
+			defer heldMu.Unlock()
+			for _, c := range held {
+				_ = c.Close()
+			}
+		})
+		dsn := fmt.Sprintf("host=127.0.0.1 port=%d dbname=x user=x sslmode=disable", tarpit.Addr().(*net.TCPAddr).Port)
+		for i := range 8 {
+			name := fmt.Sprintf("tarpit-%d", i)
+			Expect(admin.Create(suiteCtx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: hostile, Name: name},
+				StringData: map[string]string{"dsn": dsn}})).To(Succeed())
+			newFencedResource(hostile, name, 30, func(fr *locksv1.FencedResource) {
+				fr.Spec.Stores = []locksv1.StoreReference{{Name: "db", SecretRef: locksv1.StoreSecretReference{Name: name}}}
+			})
+		}
+		Eventually(func() int {
+			heldMu.Lock()
+			defer heldMu.Unlock()
+			return len(held)
+		}).Should(BeNumerically(">=", 2), "the publisher is calling the hanging stores")
+
+		ns := newNamespace()
+		storeResource(ns, "orders", 600)
+		a := mustAcquire(worker(ns, "worker-a"), "orders", "a")
+		gA, _ := a.Grant()
+		// One hanging call lasts 5 s; with every worker held by them this
+		// grant would wait for two rounds of them.
+		Eventually(published(gA.Digest()), 4*time.Second, 50*time.Millisecond).Should(Equal("published"))
 	})
 
 	It("refuses a malformed stores entry at admission, naming the field", func() {
