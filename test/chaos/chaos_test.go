@@ -47,6 +47,9 @@ func TestChaosSmoke(t *testing.T) {
 	if n := count(t, out, `writes ok\s+(\d+)`); n < 20 {
 		t.Errorf("only %d writes acknowledged: the schedule proves little", n)
 	}
+	if n := count(t, out, `store commits ok\s+(\d+)`); n < 5 {
+		t.Errorf("only %d store commits acknowledged: the schedule proves little about the store", n)
+	}
 	faults := 0
 	for _, m := range regexp.MustCompile(`(?m)^  (?:partition|kill|pause|delay|skew).{0,60}?\s{2,}(\d+)(?:\s|$)`).FindAllStringSubmatch(out, -1) {
 		n, _ := strconv.Atoi(m[1])

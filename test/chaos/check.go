@@ -28,9 +28,20 @@ const (
 	vAdversary    = "adversary writes accepted (stale holder or replay)"
 	vLinear       = "objects whose history is not linearizable"
 	vWatch        = "watch deliveries etcd does not back, or out of order"
+
+	// The PostgreSQL store, judged from its own rows (store.go).
+	vStoreStale         = "store: accepted stale segments"
+	vStoreOrder         = "store: segments out of fence/segment order"
+	vStoreUnissued      = "store: segments under a grant the registry never issued"
+	vStoreLost          = "store: lost acknowledged commits"
+	vStoreRefusedLanded = "store: commits reported refused that landed"
+	vStoreUnknown       = "store: UNKNOWN commits not escalated"
+	vStoreAdversary     = "store: adversary writes accepted"
+	vStoreReceipts      = "store: receipts and rows that disagree"
 )
 
-var violationKinds = []string{vStale, vFenceTwice, vFenceLowered, vOrder, vUnissued, vLost, vUnknown, vAbsentLanded, vAdversary, vLinear, vWatch}
+var violationKinds = []string{vStale, vFenceTwice, vFenceLowered, vOrder, vUnissued, vLost, vUnknown, vAbsentLanded, vAdversary, vLinear, vWatch,
+	vStoreStale, vStoreOrder, vStoreUnissued, vStoreLost, vStoreRefusedLanded, vStoreUnknown, vStoreAdversary, vStoreReceipts}
 
 type scheduleResult struct {
 	seed       uint64
@@ -52,6 +63,9 @@ type window struct {
 	f       fault
 	noWrite time.Duration
 	refused int
+	// The same for commits to the store.
+	noStore      time.Duration
+	storeRefused int
 }
 
 func (r *scheduleResult) violate(kind, format string, args ...any) {
@@ -115,9 +129,14 @@ func (c *Cluster) check(ctx context.Context, ns, eventsDir string, obs *observer
 			calls[e.ID+"/stale"] = Event{Resource: e.Resource, RequestID: e.RequestID, Fence: e.Fence, Segment: e.Segment, At: e.Sent}
 		}
 	}
+	st, err := c.readStore(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
 	landed := r.checkObjects(objects, issued, calls, obs)
 	r.checkWatches(objects, obs)
 	r.checkOutcomes(events, landed, grants)
+	r.checkStore(st, issued, events, escalations(grants))
 	r.checkLinearizable(events)
 	r.measureWindows(events)
 	return r, nil
@@ -285,14 +304,7 @@ func (r *scheduleResult) trace(res string, rev int64, vs []version, sent int64) 
 // unknown outcome was resolved by the worker or escalated on its LockGrant;
 // the adversary never got a write in.
 func (r *scheduleResult) checkOutcomes(events []Event, landed map[string]map[string]bool, grants map[string][]version) {
-	escalated := map[string]bool{} // requestID -> annotated unresolved
-	for _, vs := range grants {
-		for _, v := range vs {
-			if v.annotations[locksv1.AnnotationUnresolvedMutation] != "" {
-				escalated[fmt.Sprint(v.spec["requestID"])] = true
-			}
-		}
-	}
+	escalated := escalations(grants)
 	returns := map[string]Event{}
 	for _, e := range events {
 		switch e.Kind {
@@ -319,6 +331,19 @@ func (r *scheduleResult) checkOutcomes(events []Event, landed map[string]map[str
 		}
 	}
 	r.checkResolutions(events, returns, landed, escalated)
+}
+
+// escalations: the requestIDs whose LockGrant ever carried an unresolved mutation.
+func escalations(grants map[string][]version) map[string]bool {
+	escalated := map[string]bool{}
+	for _, vs := range grants {
+		for _, v := range vs {
+			if v.annotations[locksv1.AnnotationUnresolvedMutation] != "" {
+				escalated[fmt.Sprint(v.spec["requestID"])] = true
+			}
+		}
+	}
+	return escalated
 }
 
 // checkResolutions: what a worker resolved agrees with the history, and
@@ -445,10 +470,13 @@ var registerModel = (&porcupine.NondeterministicModel{
 // accepted write from its start to 5 s after it healed, and the writes
 // refused or unknown in that span.
 func (r *scheduleResult) measureWindows(events []Event) {
-	var oks []int64
+	var oks, storeOKs []int64
 	for _, e := range events {
-		if e.Kind == "return" && e.Outcome == "ok" {
+		switch {
+		case e.Kind == "return" && e.Outcome == "ok":
 			oks = append(oks, e.At)
+		case e.Kind == "store" && e.Outcome == "ok":
+			storeOKs = append(storeOKs, e.At)
 		}
 	}
 	for _, f := range r.faults {
@@ -456,10 +484,16 @@ func (r *scheduleResult) measureWindows(events []Event) {
 			continue
 		}
 		from, to := f.at.UnixNano(), f.healed.Add(5*time.Second).UnixNano()
-		w := window{f: f, noWrite: longestGap(oks, from, to)}
+		w := window{f: f, noWrite: longestGap(oks, from, to), noStore: longestGap(storeOKs, from, to)}
 		for _, e := range events {
-			if e.Kind == "return" && e.Outcome != "ok" && e.At >= from && e.At <= to {
+			if e.Outcome == "ok" || e.At < from || e.At > to {
+				continue
+			}
+			switch e.Kind {
+			case "return":
 				w.refused++
+			case "store":
+				w.storeRefused++
 			}
 		}
 		r.windows = append(r.windows, w)
@@ -486,7 +520,8 @@ func longestGap(oks []int64, from, to int64) time.Duration {
 func (r *scheduleResult) print(out io.Writer) {
 	fmt.Fprintf(out, "schedule seed=%d:\n", r.seed)
 	for _, w := range r.windows {
-		fmt.Fprintf(out, "  %s\n      longest time without an accepted write %v, %d writes refused or unknown\n", w.f, w.noWrite.Round(100*time.Millisecond), w.refused)
+		fmt.Fprintf(out, "  %s\n      longest time without an accepted write %v, %d writes refused or unknown; store commit %v, %d refused or unknown\n",
+			w.f, w.noWrite.Round(100*time.Millisecond), w.refused, w.noStore.Round(100*time.Millisecond), w.storeRefused)
 	}
 	printCounts(out, r.counts, 44)
 	fmt.Fprintf(out, "  %-44s %d\n", "grants issued under a superseded epoch", r.deposedIssues)
@@ -529,17 +564,18 @@ type Report struct {
 	Counts     map[string]int
 	Faults     map[string]int
 	// Gaps: per fault kind, the longest time without an accepted write in
-	// each injection's window.
-	Gaps map[string][]time.Duration
+	// each injection's window; StoreGaps, without an accepted store commit.
+	Gaps, StoreGaps map[string][]time.Duration
 }
 
 func (rep *Report) add(s *scheduleResult) {
 	if rep.Violations == nil {
-		rep.Violations, rep.Counts, rep.Faults, rep.Gaps = map[string]int{}, map[string]int{}, map[string]int{}, map[string][]time.Duration{}
+		rep.Violations, rep.Counts, rep.Faults, rep.Gaps, rep.StoreGaps = map[string]int{}, map[string]int{}, map[string]int{}, map[string][]time.Duration{}, map[string][]time.Duration{}
 	}
 	for _, w := range s.windows {
 		if w.f.applyErr == "" {
 			rep.Gaps[w.f.Kind] = append(rep.Gaps[w.f.Kind], w.noWrite)
+			rep.StoreGaps[w.f.Kind] = append(rep.StoreGaps[w.f.Kind], w.noStore)
 		}
 	}
 	rep.Schedules++
@@ -558,6 +594,12 @@ func (rep *Report) add(s *scheduleResult) {
 	}
 }
 
+func sortedGaps(gaps []time.Duration) []time.Duration {
+	g := append([]time.Duration(nil), gaps...)
+	sort.Slice(g, func(i, j int) bool { return g[i] < g[j] })
+	return g
+}
+
 // Total is the number of violations found.
 func (rep *Report) Total() int {
 	n := 0
@@ -572,15 +614,18 @@ func (rep *Report) print(out io.Writer) {
 	if rep.Broken.CachedRegistryRead {
 		fmt.Fprintln(out, "   BROKEN RULE: the acceptance webhook read the registry from its informer cache")
 	}
-	fmt.Fprintln(out, "faults injected (how many; longest time without an accepted write in each one's window: median, max):")
+	if rep.Broken.UnprotectedStoreTable {
+		fmt.Fprintln(out, "   BROKEN RULE: the store's business tables were not put under fencekeeper.protect")
+	}
+	fmt.Fprintln(out, "faults injected (how many; longest time without an accepted write in each one's window: median, max; the same for store commits):")
 	for _, k := range faultKinds {
-		g := append([]time.Duration(nil), rep.Gaps[k]...)
-		sort.Slice(g, func(i, j int) bool { return g[i] < g[j] })
+		g, sg := sortedGaps(rep.Gaps[k]), sortedGaps(rep.StoreGaps[k])
 		if len(g) == 0 {
 			fmt.Fprintf(out, "  %-52s %d\n", k, rep.Faults[k])
 			continue
 		}
-		fmt.Fprintf(out, "  %-52s %d   %v, %v\n", k, rep.Faults[k], g[len(g)/2].Round(100*time.Millisecond), g[len(g)-1].Round(100*time.Millisecond))
+		fmt.Fprintf(out, "  %-52s %d   %v, %v; store %v, %v\n", k, rep.Faults[k], g[len(g)/2].Round(100*time.Millisecond), g[len(g)-1].Round(100*time.Millisecond),
+			sg[len(sg)/2].Round(100*time.Millisecond), sg[len(sg)-1].Round(100*time.Millisecond))
 	}
 	printCounts(out, rep.Counts, 52)
 	fmt.Fprintln(out, "invariants:")

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -193,5 +194,65 @@ func TestTraceOfAViolation(t *testing.T) {
 		if !strings.Contains(r.traces[0], want) {
 			t.Errorf("the trace lacks %q:\n%s", want, r.traces[0])
 		}
+	}
+}
+
+// The store's rules on hand-made rows, receipts and worker logs.
+func TestCheckStore(t *testing.T) {
+	issued := map[string]map[int64]string{"cm-0": {1: "a", 2: "b", 3: "c"}}
+	row := func(seq, f, seg int64, req, payload string) storeRow {
+		return storeRow{seq: seq, fence: f, segment: seg, req: req, op: "op-" + req, payload: payload, xact: fmt.Sprint(seq), at: time.Unix(seq, 0)}
+	}
+	rcpt := func(x storeRow) storeReceipt {
+		return storeReceipt{fence: x.fence, segment: x.segment, op: x.op, payload: x.payload, xact: x.xact, committedAt: x.at.Add(-time.Millisecond)}
+	}
+	legal := []storeRow{row(1, 1, 1, "a", "p1"), row(2, 1, 2, "a", "p2"), row(4, 2, 1, "b", "p3"), row(7, 3, 1, "c", "p4"), row(8, 3, 2, "c", "p5")}
+	kept := []storeReceipt{rcpt(legal[3]), rcpt(legal[4])}
+	acked := []Event{
+		{Kind: "store", Resource: "cm-0", RequestID: "a", Segment: 2, Payload: "p2", Outcome: "ok"},
+		{Kind: "store", Resource: "cm-0", RequestID: "b", Segment: 2, Payload: "p9", Outcome: "denied"},
+		{Kind: "store-stale", Resource: "cm-0", RequestID: "a", Segment: 3, Payload: "p8", Outcome: "denied"},
+	}
+	cases := []struct {
+		name     string
+		rows     []storeRow
+		receipts []storeReceipt
+		highest  int64
+		events   []Event
+		want     string
+	}{
+		{"legal", legal, kept, 3, acked, ""},
+		{"a lower fence committed after a higher one", []storeRow{legal[0], legal[2], row(5, 1, 3, "a", "p6")}, []storeReceipt{rcpt(legal[2])}, 2, nil, vStoreStale},
+		{"a segment skipped", []storeRow{legal[0], row(3, 1, 3, "a", "p6")}, []storeReceipt{rcpt(legal[0]), rcpt(row(3, 1, 3, "a", "p6"))}, 1, nil, vStoreOrder},
+		{"a new fence not at segment 1", []storeRow{legal[0], row(3, 2, 2, "b", "p6")}, []storeReceipt{rcpt(row(3, 2, 2, "b", "p6"))}, 2, nil, vStoreOrder},
+		{"a grant never issued", []storeRow{row(1, 1, 1, "forged", "p1")}, []storeReceipt{rcpt(row(1, 1, 1, "forged", "p1"))}, 1, nil, vStoreUnissued},
+		{"an acknowledged commit missing", legal[:2], []storeReceipt{rcpt(legal[0]), rcpt(legal[1])}, 1,
+			[]Event{{Kind: "store", Resource: "cm-0", RequestID: "b", Segment: 1, Payload: "p3", Outcome: "ok"}}, vStoreLost},
+		{"a refused commit landed", legal, kept, 3, []Event{{Kind: "store", Resource: "cm-0", RequestID: "c", Segment: 2, Payload: "p5", Outcome: "rejected"}}, vStoreRefusedLanded},
+		{"an unknown commit not escalated", legal, kept, 3, []Event{{Kind: "store", Resource: "cm-0", RequestID: "c", Segment: 3, Payload: "p7", Outcome: "unknown"}}, vStoreUnknown},
+		{"an adversary write in", legal, kept, 3, []Event{{Kind: "store-raw", Resource: "cm-0", RequestID: "a", Segment: 3, Payload: "p8", Outcome: "ok"}}, vStoreAdversary},
+		{"a receipt of another transaction's change", legal, []storeReceipt{rcpt(legal[3]), {fence: 3, segment: 2, op: "op-c", payload: "other", xact: "8"}}, 3, nil, vStoreReceipts},
+		{"a row of the highest fence without its receipt", legal, kept[:1], 3, nil, vStoreReceipts},
+		{"the store's fence is not its rows'", legal, kept, 4, nil, vStoreReceipts},
+	}
+	for _, tc := range cases {
+		r := newResult()
+		st := &storeState{rows: map[string][]storeRow{"cm-0": tc.rows}, receipts: map[string][]storeReceipt{"cm-0": tc.receipts}, highest: map[string]int64{"cm-0": tc.highest}}
+		r.checkStore(st, issued, tc.events, map[string]bool{})
+		var got []string
+		for _, k := range violationKinds {
+			if len(r.violations[k]) > 0 {
+				got = append(got, k)
+			}
+		}
+		if want := []string{tc.want}; tc.want == "" && len(got) > 0 || tc.want != "" && !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: found %q, want %q (%v)", tc.name, got, tc.want, r.violations)
+		}
+	}
+	r := newResult()
+	st := &storeState{rows: map[string][]storeRow{"cm-0": legal}, receipts: map[string][]storeReceipt{"cm-0": kept}, highest: map[string]int64{"cm-0": 3}}
+	r.checkStore(st, issued, []Event{{Kind: "store", Resource: "cm-0", RequestID: "c", Segment: 3, Payload: "p7", Outcome: "unknown"}}, map[string]bool{"c": true})
+	if len(r.violations) != 0 {
+		t.Errorf("an unknown commit recorded on its LockGrant is escalated: %v", r.violations)
 	}
 }

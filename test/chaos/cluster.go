@@ -28,7 +28,8 @@ const (
 	etcdHost     = 11 // .11-.13
 	apiHost      = 21 // .21-.22
 	operatorHost = 31 // .31-.32
-	workerHost   = 41 // .41-...
+	workerHost   = 41 // .41-.50
+	// storeHost = 51: the PostgreSQL store (store.go)
 
 	webhookPort = 9443 // each operator's, and each front end's on 127.0.0.1 of its API server's node
 )
@@ -50,6 +51,7 @@ type Cluster struct {
 
 	etcd, apis, fronts, ops []*proc
 	kcm                     *proc    // kube-controller-manager, beside api-1; not a nemesis target
+	store                   *pgStore // PostgreSQL, on its own node
 	servers                 []string // https://<api ip>:6443
 	skewFiles               []string // per operator
 	admin                   *user
@@ -67,6 +69,9 @@ type Binaries struct {
 type BrokenRules struct {
 	// CachedRegistryRead: the acceptance webhook reads the registry from its informer cache.
 	CachedRegistryRead bool
+	// UnprotectedStoreTable: the store's business tables are not put under
+	// fencekeeper.protect, so a write without a segment lands.
+	UnprotectedStoreTable bool
 }
 
 func (c *Cluster) logf(format string, args ...any) {
@@ -88,6 +93,9 @@ func startCluster(ctx context.Context, root, dir string, netID, workers int, bin
 		return nil, err
 	}
 	if err := c.addNodes(workers); err != nil {
+		return nil, err
+	}
+	if err := c.startStore(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.startEtcd(ctx); err != nil {
@@ -134,7 +142,8 @@ func (c *Cluster) addNodes(workers int) error {
 		}
 		c.workerNodes = append(c.workerNodes, nd)
 	}
-	return nil
+	_, err := c.net.add("store", storeHost)
+	return err
 }
 
 func (c *Cluster) node(name string) *node { return c.net.nodes[name] }
@@ -371,6 +380,9 @@ func (c *Cluster) Stop() {
 				p.stop(5 * time.Second)
 			}
 		}
+	}
+	if c.store != nil {
+		_ = c.store.srv.Stop()
 	}
 	if c.net != nil {
 		c.net.close()

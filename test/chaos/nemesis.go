@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -23,12 +24,16 @@ const (
 	faultLeaderPause  = "pause the leader operator past its leader lease"
 	faultNetem        = "delay and drop packets (tc)"
 	faultSkew         = "skew an operator's clock"
+	faultStoreOps     = "partition the store from the operators"
+	faultStoreWorkers = "partition the store from the workers"
+	faultStoreKill    = "kill -9 and restart the store"
 )
 
 // faultNames are the short names -faults takes.
 var faultNames = map[string]string{
 	"etcd-member": faultEtcdMember, "etcd-majority": faultEtcdMajority, "leader": faultLeader, "api-etcd": faultAPIEtcd,
 	"replica-api": faultReplicaAPI, "kill": faultKill, "pause": faultPause, "leader-pause": faultLeaderPause, "degrade": faultNetem, "skew": faultSkew,
+	"store-operators": faultStoreOps, "store-workers": faultStoreWorkers, "store-kill": faultStoreKill,
 }
 
 // FaultKinds resolves -faults (comma-separated short names; empty: all).
@@ -40,14 +45,15 @@ func FaultKinds(names string) ([]string, error) {
 	for _, n := range strings.Split(names, ",") {
 		k, ok := faultNames[n]
 		if !ok {
-			return nil, fmt.Errorf("unknown fault %q (known: etcd-member, etcd-majority, leader, api-etcd, replica-api, kill, pause, leader-pause, degrade, skew)", n)
+			return nil, fmt.Errorf("unknown fault %q (known: etcd-member, etcd-majority, leader, api-etcd, replica-api, kill, pause, leader-pause, degrade, skew, store-operators, store-workers, store-kill)", n)
 		}
 		out = append(out, k)
 	}
 	return out, nil
 }
 
-var faultKinds = []string{faultEtcdMember, faultEtcdMajority, faultLeader, faultAPIEtcd, faultReplicaAPI, faultKill, faultPause, faultLeaderPause, faultNetem, faultSkew}
+var faultKinds = []string{faultEtcdMember, faultEtcdMajority, faultLeader, faultAPIEtcd, faultReplicaAPI, faultKill, faultPause, faultLeaderPause, faultNetem, faultSkew,
+	faultStoreOps, faultStoreWorkers, faultStoreKill}
 
 // fault is one planned injection: the schedule is a list of them, drawn
 // from the seed before anything runs, so a seed replays the same plan.
@@ -127,6 +133,15 @@ func (c *Cluster) apply(f *fault, workers []*proc) (func(), error) {
 		i := f.Pick % len(c.ops)
 		f.Target = c.ops[i].name
 		return func() { _ = os.WriteFile(c.skewFiles[i], []byte("0s"), 0o600) }, os.WriteFile(c.skewFiles[i], []byte(fmt.Sprintf("%ds", f.Amount)), 0o600)
+	case faultStoreOps, faultStoreWorkers:
+		return func() { _ = c.net.heal() }, c.partitionStore(f)
+	case faultStoreKill:
+		f.Target = "store"
+		return func() {
+			if err := c.store.restart(context.Background()); err != nil {
+				c.logf("%v", err)
+			}
+		}, c.store.kill()
 	}
 	return func() {}, fmt.Errorf("unknown fault %q", f.Kind)
 }
@@ -186,6 +201,23 @@ func (c *Cluster) partition(f *fault) error {
 	}
 	f.Target = c.ops[i].name + " from " + c.apiNode(i).name
 	return c.net.cut(c.ops[i].node, c.apiNode(i))
+}
+
+// partitionStore cuts the store from both operators (publication stops:
+// the store keeps the last holder it was told about) or from every worker
+// (commits in flight lose their answers).
+func (c *Cluster) partitionStore(f *fault) error {
+	peers := c.workerNodes
+	f.Target = "store from the workers"
+	if f.Kind == faultStoreOps {
+		peers, f.Target = []*node{c.node("operator-1"), c.node("operator-2")}, "store from operator-1, operator-2"
+	}
+	for _, p := range peers {
+		if err := c.net.cut(c.store.node, p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // disrupt kills or pauses a process; the returned function restarts or resumes it.

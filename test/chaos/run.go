@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer c.Stop()
-	fmt.Fprintf(cfg.Out, "control plane up in %v: 3 etcd members, 2 kube-apiservers, 2 operators, %d workers, each in its own network namespace (10.77.%d.0/24)\n",
+	fmt.Fprintf(cfg.Out, "control plane up in %v: 3 etcd members, 2 kube-apiservers, 2 operators, %d workers, a PostgreSQL store, each in its own network namespace (10.77.%d.0/24)\n",
 		time.Since(start).Round(time.Second), cfg.Workers, cfg.NetID)
 	var users []*user
 	for i := 0; i < cfg.Workers; i++ {
@@ -153,7 +153,8 @@ func (c *Cluster) startWorkers(ns, eventsDir string, seed uint64, users []*user)
 	for i, u := range users {
 		name := fmt.Sprintf("worker-%d", i+1)
 		argv := []string{c.bins.Self, "worker", "-name=" + name, "-kubeconfig=" + u.kubeconfigs[i%2], "-namespace=" + ns,
-			"-resources=" + strings.Join(resources, ","), "-events=" + filepath.Join(eventsDir, name+".jsonl"), "-seed=" + strconv.FormatUint(seed*100+uint64(i), 10)}
+			"-resources=" + strings.Join(resources, ","), "-events=" + filepath.Join(eventsDir, name+".jsonl"), "-seed=" + strconv.FormatUint(seed*100+uint64(i), 10),
+			"-store-dsn=" + c.store.tcpDSN(storeWorker, c.store.workerPassword)}
 		if i >= len(users)-2 {
 			argv = append(argv, "-adversary")
 		}
@@ -204,6 +205,9 @@ func (c *Cluster) restore(ctx context.Context) error {
 			}
 		}
 	}
+	if err := c.store.restart(ctx); err != nil {
+		return err
+	}
 	return c.waitAPIServers(ctx)
 }
 
@@ -212,14 +216,22 @@ func (c *Cluster) createResources(ctx context.Context, ns string) error {
 	if err != nil {
 		return err
 	}
-	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
+	if err := c.createStoreTables(ctx, ns); err != nil {
+		return err
+	}
+	// Every resource names the store: each claim commits to it, so each
+	// store fault meets commits on all four, and each hand-off is published.
+	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: storeSecret},
+			StringData: map[string]string{"dsn": c.store.tcpDSN(storeOperator, c.store.operatorPassword)}}}
+	stores := []locksv1.StoreReference{{Name: storeSecret, SecretRef: locksv1.StoreSecretReference{Name: storeSecret}}}
 	for _, r := range resources {
 		target := &locksv1.ObjectTarget{APIVersion: "v1", Kind: "ConfigMap", Name: r}
 		if isWidget(r) {
 			target = &locksv1.ObjectTarget{APIVersion: "example.com/v1", Kind: "Widget", Name: r}
 		}
 		objs = append(objs, &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: r}, Spec: locksv1.FencedResourceSpec{
-			ResourceID: ns + "/" + r, LeaseDurationSeconds: 5, Enforcement: locksv1.EnforcementEnforce, Target: target,
+			ResourceID: ns + "/" + r, LeaseDurationSeconds: 5, Enforcement: locksv1.EnforcementEnforce, Target: target, Stores: stores,
 		}})
 	}
 	for _, o := range objs {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/clientcmd"
@@ -20,6 +21,7 @@ import (
 	"github.com/fencekeeper/fencekeeper/internal/fencectl"
 	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
+	"github.com/fencekeeper/fencekeeper/pkg/grant"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
@@ -44,6 +46,8 @@ type Event struct {
 	Detail  string `json:"detail,omitempty"`
 	// Sent: when an adversary write left (At is when its answer came).
 	Sent int64 `json:"sent,omitempty"`
+	// Payload: a store commit's digest of its row.
+	Payload string `json:"payload,omitempty"`
 }
 
 // eventLog appends events to a file, one write per line (nothing buffered:
@@ -74,6 +78,9 @@ type WorkerOptions struct {
 	Resources                           []string // FencedResource names; "wd-*" protect Widgets, the rest ConfigMaps
 	Seed                                uint64
 	Adversary                           bool
+	// StoreDSN is the workers' role's DSN of the PostgreSQL store every
+	// resource names ("": no store commits).
+	StoreDSN string
 }
 
 // RunWorker claims resources with pkg/lockclient exactly as users do, and
@@ -109,6 +116,17 @@ func RunWorker(stop context.Context, o WorkerOptions) error {
 	if w.kube, err = client.New(cfg, client.Options{Scheme: locksv1.Scheme}); err != nil {
 		return err
 	}
+	if o.StoreDSN != "" {
+		pc, err := pgxpool.ParseConfig(o.StoreDSN)
+		if err != nil {
+			return err
+		}
+		pc.MaxConns = 4
+		if w.db, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+			return err
+		}
+		defer w.db.Close()
+	}
 	for iter := 0; stop.Err() == nil; iter++ {
 		w.claim(ctx, iter)
 	}
@@ -121,6 +139,7 @@ type worker struct {
 	rnd  *rand.Rand
 	lc   *lockclient.Client
 	kube client.Client
+	db   *pgxpool.Pool // the store; nil without one
 	// The adversary's material: its ended grants and envelopes it read.
 	oldGrants    []oldGrant
 	oldEnvelopes []oldEnvelope
@@ -129,6 +148,12 @@ type worker struct {
 type oldGrant struct {
 	lg  locksv1.LockGrant
 	res string
+	// The grant as the store knows it, its store operation and the
+	// segments of it acknowledged.
+	g         grant.Grant
+	proof     string
+	storeOp   string
+	storeSegs int64
 }
 
 type oldEnvelope struct {
@@ -183,6 +208,8 @@ func (w *worker) claim(ctx context.Context, iter int) {
 		}
 		acked++
 	}
+	storeOp := "store-" + reqID
+	storeSegs := w.storeCommits(actx, lock, res, reqID, storeOp)
 	w.read(actx, res)
 	if w.o.Adversary {
 		w.attack(actx)
@@ -190,8 +217,9 @@ func (w *worker) claim(ctx context.Context, iter int) {
 	// Hold a moment (up to 400 ms) before releasing.
 	_ = ctxtime.Sleep(ctx, time.Duration(w.rnd.IntN(400))*time.Millisecond)
 	_ = lock.Release(actx)
-	if w.o.Adversary && acked > 0 {
-		w.oldGrants = append(w.oldGrants, oldGrant{lg: *lock.LockGrant(), res: res})
+	if w.o.Adversary && acked+storeSegs > 0 {
+		g, proof := lock.Grant()
+		w.oldGrants = append(w.oldGrants, oldGrant{lg: *lock.LockGrant(), res: res, g: g, proof: proof, storeOp: storeOp, storeSegs: storeSegs})
 		// Strike while the grant is freshest: once the next holder wrote,
 		// a webhook with a stale view of the registry would still take it.
 		_ = ctxtime.Sleep(ctx, 300*time.Millisecond)
@@ -293,6 +321,7 @@ func (w *worker) attack(ctx context.Context) {
 		if w.rnd.IntN(2) == 0 {
 			g = w.oldGrants[w.rnd.IntN(len(w.oldGrants))]
 		}
+		w.storeAttack(ctx, g)
 		if g.lg.Status.Grant != nil && w.waitSuperseded(ctx, g.res, g.lg.Status.Grant.FenceToken) {
 			obj := object(g.res)
 			obj.SetNamespace(w.o.Namespace)

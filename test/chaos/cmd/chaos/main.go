@@ -49,8 +49,8 @@ func runChaos() int {
 	schedules := fs.Int("schedules", 6, "schedules to play (each on its own namespace, on one control plane)")
 	length := fs.Duration("length", 75*time.Second, "length of each schedule's fault phase")
 	workers := fs.Int("workers", 5, "worker processes (the last two are adversaries, one per API server)")
-	broken := fs.String("broken", "", "turn a safety rule off to show what the checker finds: cached-registry-read")
-	faults := fs.String("faults", "", "comma-separated faults to draw from (default all): etcd-member, etcd-majority, leader, api-etcd, replica-api, kill, pause, leader-pause, degrade, skew")
+	broken := fs.String("broken", "", "turn a safety rule off to show what the checker finds: cached-registry-read, unprotected-store-table")
+	faults := fs.String("faults", "", "comma-separated faults to draw from (default all): etcd-member, etcd-majority, leader, api-etcd, replica-api, kill, pause, leader-pause, degrade, skew, store-operators, store-workers, store-kill")
 	netID := fs.Int("net", 0, "subnet 10.77.<net>.0/24 (0: from the process ID)")
 	keep := fs.Bool("keep", false, "keep the work directory (logs, event logs, etcd data)")
 	_ = fs.Parse(os.Args[1:])
@@ -70,8 +70,10 @@ func runChaos() int {
 	case "":
 	case "cached-registry-read":
 		cfg.Broken.CachedRegistryRead = true
+	case "unprotected-store-table":
+		cfg.Broken.UnprotectedStoreTable = true
 	default:
-		fmt.Fprintf(os.Stderr, "-broken=%q: want cached-registry-read\n", *broken)
+		fmt.Fprintf(os.Stderr, "-broken=%q: want cached-registry-read or unprotected-store-table\n", *broken)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -152,6 +154,7 @@ func runWorker(args []string) int {
 	fs.StringVar(&o.Events, "events", "", "event log to append to")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the worker's choices")
 	fs.BoolVar(&o.Adversary, "adversary", false, "also write with ended grants and replay envelopes")
+	fs.StringVar(&o.StoreDSN, "store-dsn", "", "the workers' role's DSN of the PostgreSQL store (empty: no store commits)")
 	_ = fs.Parse(args)
 	o.Resources = strings.Split(resources, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
