@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,7 +102,7 @@ func (r *StorePublisher) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	named := predicate.Funcs{
 		CreateFunc:  func(e event.CreateEvent) bool { return hasStores(e.Object) },
-		UpdateFunc:  func(e event.UpdateEvent) bool { return hasStores(e.ObjectOld) || hasStores(e.ObjectNew) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return publicationChanged(e.ObjectOld, e.ObjectNew) },
 		DeleteFunc:  func(e event.DeleteEvent) bool { return hasStores(e.Object) },
 		GenericFunc: func(e event.GenericEvent) bool { return hasStores(e.Object) },
 	}
@@ -113,6 +114,21 @@ func (r *StorePublisher) SetupWithManager(mgr ctrl.Manager) error {
 		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WithOptions(o).
 		Complete(r)
+}
+
+// publicationChanged: an update of a FencedResource with stores changes
+// what they are published (the spec, the holder, the recently ended
+// grants). The publisher's own status.stores write does not, so it does
+// not publish everything a second time at every handoff.
+func publicationChanged(oldObj, newObj client.Object) bool {
+	o, ok1 := oldObj.(*locksv1.FencedResource)
+	n, ok2 := newObj.(*locksv1.FencedResource)
+	if !ok1 || !ok2 || !hasStores(o) && !hasStores(n) {
+		return false
+	}
+	return o.Generation != n.Generation || !equality.Semantic.DeepEqual(o.Spec, n.Spec) ||
+		!equality.Semantic.DeepEqual(o.Status.Holder, n.Status.Holder) ||
+		!equality.Semantic.DeepEqual(o.Status.RecentlyEnded, n.Status.RecentlyEnded)
 }
 
 func hasStores(o client.Object) bool {

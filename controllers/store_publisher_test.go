@@ -146,3 +146,45 @@ func TestStorePoolsShareCloseAndReplace(t *testing.T) {
 		t.Fatalf("a bad DSN: %v", err)
 	}
 }
+
+// TestPublicationChanged: the publisher follows what the stores are
+// published, not its own status write.
+func TestPublicationChanged(t *testing.T) {
+	base := func() *locksv1.FencedResource {
+		return &locksv1.FencedResource{
+			ObjectMeta: metav1.ObjectMeta{Generation: 1},
+			Spec:       locksv1.FencedResourceSpec{ResourceID: "r", Stores: []locksv1.StoreReference{{Name: "db"}}},
+			Status:     locksv1.FencedResourceStatus{Holder: &locksv1.Holder{GrantUID: "u1", Owner: "a"}},
+		}
+	}
+	cases := map[string]struct {
+		change func(*locksv1.FencedResource)
+		want   bool
+	}{
+		"its own status.stores write": {func(fr *locksv1.FencedResource) {
+			fr.Status.Stores = []locksv1.StoreStatus{{Name: "db", PublishedFence: 1}}
+		}, false},
+		"a new holder": {func(fr *locksv1.FencedResource) { fr.Status.Holder = &locksv1.Holder{GrantUID: "u2", Owner: "b"} }, true},
+		"a renewal":    {func(fr *locksv1.FencedResource) { fr.Status.Holder.ExpiresAt = metav1.NowMicro() }, true},
+		"nothing held": {func(fr *locksv1.FencedResource) { fr.Status.Holder = nil }, true},
+		"an ended grant": {func(fr *locksv1.FencedResource) {
+			fr.Status.RecentlyEnded = []locksv1.EndedGrant{{GrantUID: "u1"}}
+		}, true},
+		"the policy":        {func(fr *locksv1.FencedResource) { fr.Generation = 2 }, true},
+		"the stores listed": {func(fr *locksv1.FencedResource) { fr.Spec.Stores = nil }, true},
+	}
+	for name, c := range cases {
+		n := base()
+		c.change(n)
+		if got := publicationChanged(base(), n); got != c.want {
+			t.Errorf("%s: %v, want %v", name, got, c.want)
+		}
+	}
+	noStores := base()
+	noStores.Spec.Stores = nil
+	other := noStores.DeepCopy()
+	other.Status.Holder = nil
+	if publicationChanged(noStores, other) {
+		t.Error("a resource without stores is not the publisher's")
+	}
+}
