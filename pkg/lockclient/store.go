@@ -166,9 +166,19 @@ func (op *Operation) storeReady(ctx context.Context, db pgfence.Pool, g grant.Gr
 			return pgfence.State{}, fmt.Errorf("lockclient: grant with fence %d of %s not published at the store: %w", g.FenceToken, g.Resource, ctx.Err())
 		case <-op.lock.Done():
 			return pgfence.State{}, op.lock.Guard()
-		case <-time.After(min(time.Duration(attempt+1)*20*time.Millisecond, time.Second)):
+		case <-time.After(publicationPoll(attempt)):
 		}
 	}
+}
+
+// publicationPoll is how long storeReady waits before asking again: the
+// operator publishes within milliseconds of the issue, so at first often
+// (a poll is one small query), then backing off to a second.
+func publicationPoll(attempt int) time.Duration {
+	if attempt < 20 {
+		return 5 * time.Millisecond
+	}
+	return min(time.Duration(attempt-19)*20*time.Millisecond, time.Second)
 }
 
 func storeView(ctx context.Context, db pgfence.Pool, g grant.Grant) (bool, pgfence.State, error) {
