@@ -198,7 +198,7 @@ type pgBench struct {
 // throughput and diagnosis passes and judges the targets. The result holds
 // what was measured even when err is not nil.
 func runPGStore(ctx context.Context, cfg pgstoreConfig, log io.Writer) (*pgstoreResult, error) {
-	res := &pgstoreResult{Start: time.Now().UTC(), Config: cfg, Window: cfg.Window.String(), Commit: repoCommit(),
+	res := &pgstoreResult{Start: time.Now().UTC(), Config: cfg, Window: cfg.Window.String(), Commit: gitCommit(),
 		Server: pgServerInfo{CPUs: runtime.NumCPU(), LoadBefore: uptime()}}
 	start := time.Now()
 	defer func() {

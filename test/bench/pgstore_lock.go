@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os/exec"
 	"strings"
 	"sync"
 	"time"
@@ -41,7 +40,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 	"github.com/fencekeeper/fencekeeper/pkg/pgfence"
@@ -760,25 +758,6 @@ func (w *pgLockWindow) finish() {
 		w.HandoffsPerSecond = round2(float64(w.Handoffs) / w.Seconds)
 	}
 	w.Seconds = round2(w.Seconds)
-}
-
-// repoCommit is the repository's commit, marked when the code the bench
-// measures has uncommitted changes (run from the repository root: a test
-// runs in its package's directory).
-func repoCommit() string {
-	root, err := localcp.RepoRoot()
-	if err != nil {
-		return "unknown"
-	}
-	out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
-	if err != nil {
-		return "unknown"
-	}
-	c := strings.TrimSpace(string(out))
-	if exec.Command("git", "-C", root, "diff", "--quiet", "HEAD", "--", "api", "controllers", "webhooks", "pkg", "cmd", "internal").Run() != nil {
-		c += "+uncommitted changes in api/controllers/webhooks/pkg/cmd/internal"
-	}
-	return c
 }
 
 // describe is the evidence in a line.

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
 // report is everything one run measured; it is printed as a table and
@@ -378,13 +380,17 @@ func uptime() string {
 }
 
 func gitCommit() string {
-	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	root, err := localcp.RepoRoot()
+	if err != nil {
+		return "unknown"
+	}
+	out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return "unknown"
 	}
 	c := strings.TrimSpace(string(out))
-	if err := exec.Command("git", "diff", "--quiet", "HEAD", "--", "api", "controllers", "webhooks", "pkg", "cmd").Run(); err != nil {
-		c += "+uncommitted changes in api/controllers/webhooks/pkg/cmd"
+	if exec.Command("git", "-C", root, "diff", "--quiet", "HEAD", "--", "api", "controllers", "webhooks", "pkg", "cmd", "internal").Run() != nil {
+		c += "+uncommitted changes in api/controllers/webhooks/pkg/cmd/internal"
 	}
 	return c
 }
