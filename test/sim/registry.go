@@ -439,6 +439,9 @@ func (r *registry) restore(s snapshot) {
 		r.grants = append(r.grants, lg)
 	}
 	r.w.oracle.restored(s.oracle)
+	if r.w.storeOracle != nil {
+		r.w.storeOracle.registryRestored(r.fr.Status.FenceToken)
+	}
 	r.holder = ""
 	if h := r.fr.Status.Holder; h != nil {
 		r.holder = h.Digest

@@ -83,6 +83,15 @@ func (so *storeOracle) published(g *storeGrant) {
 	so.publishedFence = max(so.publishedFence, g.g.FenceToken)
 }
 
+// registryRestored: a registry restore took back every fence above the
+// restored fence token; a grant issued since with a fence below one it took
+// back is not the successor of that one (the registry forgot it; the store
+// was told so when the restored holder was published), so only fences the
+// registry still counts make a later segment stale.
+func (so *storeOracle) registryRestored(fenceToken int64) {
+	so.publishedFence = min(so.publishedFence, fenceToken)
+}
+
 // attempted counts a begin_segment decision.
 func (so *storeOracle) attempted(tx *storeTx, v fence.Verdict) {
 	res := so.w.res
