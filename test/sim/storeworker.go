@@ -9,7 +9,9 @@ import (
 // A worker's commits to the store follow lockclient's Operation.CommitTx:
 // under the guard (HELD), wait until the grant is published at the store
 // (storeReady: published, or a higher fence already there), number the
-// segment from the store's fence state, run begin_segment, then COMMIT
+// segment from the store's fence state (or, after a commit with a receipt
+// under this lock, from the lock's cursor, without reading), run
+// begin_segment, then COMMIT
 // (pgfence.Commit). ALREADY_APPLIED of this segment, or FENCE_REQUIRED for
 // the last accepted envelope that the receipts show applied, is success; a
 // number another commit took (QUARANTINED, ALREADY_APPLIED of another
@@ -90,11 +92,16 @@ func (k *worker) storeContinue() {
 	}
 }
 
-// storeStep starts (or goes on with) a commit under a HELD lock: read the
-// store's view.
+// storeStep starts (or goes on with) a commit under a HELD lock: from the
+// lock's cursor when its grant committed here before, else after reading
+// the store's view.
 func (k *worker) storeStep() {
 	if k.sop == nil {
 		k.sop = &storeOp{waitSince: k.w.now, fault: faultNone}
+	}
+	if l := k.lock; l.storeLast > 0 {
+		k.storeBuild(l.storeLast + 1)
+		return
 	}
 	k.send(&request{kind: reqStoreView, storeDigest: k.lock.digest})
 }
@@ -111,7 +118,12 @@ func (k *worker) storeViewed(rp *reply) {
 		k.storeWait()
 		return
 	}
-	segment := fence.NextSegment(a.state, l.grant)
+	k.storeBuild(fence.NextSegment(a.state, l.grant))
+}
+
+// storeBuild builds the envelope of segment under the lock's grant.
+func (k *worker) storeBuild(segment int64) {
+	l, op := k.lock, k.sop
 	if segment > int64(k.segments) {
 		l.committed = max(l.committed, segment-1)
 		k.sop = nil
@@ -211,6 +223,7 @@ func (k *worker) storeBegun(rp *reply) {
 	case fence.Quarantined:
 		k.storeRenumber()
 	default:
+		k.storeForget()
 		k.sop = nil
 		k.giveUp()
 	}
@@ -222,8 +235,10 @@ func (k *worker) storeCommitted(rp *reply) {
 	case fence.Accepted:
 		k.storeApplied(op.env, rp.store.receipt, "COMMIT")
 	case verdictNoTx:
+		k.storeForget()
 		k.sop = nil // rolled back with its session: nothing landed; read again
 	default:
+		k.storeForget()
 		k.sop = nil // refused at COMMIT: nothing landed
 		k.giveUp()
 	}
@@ -237,6 +252,7 @@ func (k *worker) storeResolved(rp *reply) {
 			k.storeApplied(op.env, a.receipt, "FENCE_REQUIRED, found in the receipts")
 			return
 		}
+		k.storeForget()
 		k.sop = nil
 		k.giveUp()
 		return
@@ -254,6 +270,7 @@ func (k *worker) storeResolved(rp *reply) {
 		k.storeRenumber()
 	default:
 		res.StoreUnknownUndetermined++ // ErrMutationUnknown: recorded for a human; this lock writes no more
+		k.storeForget()
 		k.sop = nil
 		k.giveUp()
 	}
@@ -264,6 +281,7 @@ func (k *worker) storeApplied(env fence.Envelope, receipt, how string) {
 	k.w.storeOracle.acknowledged(env, receipt, how)
 	k.sop = nil
 	if l := k.lock; l != nil && l.digest == env.Grant.Digest() {
+		l.storeLast = max(l.storeLast, env.Segment)
 		l.committed = max(l.committed, env.Segment)
 		l.workUntil = k.w.now.Add(computeTime(k.w))
 	}
@@ -272,6 +290,7 @@ func (k *worker) storeApplied(env fence.Envelope, receipt, how string) {
 // storeRenumber: the number was taken (or the commit proven absent): read
 // the state again and number anew, at most storeAttempts times.
 func (k *worker) storeRenumber() {
+	k.storeForget()
 	op := k.sop
 	op.taken++
 	if op.taken >= storeAttempts {
@@ -285,11 +304,22 @@ func (k *worker) storeRenumber() {
 	}
 }
 
+// storeForget: a commit did not end with a receipt; the next one reads
+// the store's state first.
+func (k *worker) storeForget() {
+	if k.lock != nil {
+		k.lock.storeLast = 0
+	}
+}
+
 // storeTimeout: a store request got no answer in time.
 func (k *worker) storeTimeout(r *request) {
 	op := k.sop
 	if op == nil {
 		return
+	}
+	if r.kind != reqStoreView {
+		k.storeForget()
 	}
 	switch r.kind {
 	case reqStoreView:

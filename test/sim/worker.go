@@ -90,8 +90,12 @@ type clientLock struct {
 	// calls Lock.Orphan, and starts over; its state stays what the library
 	// last computed.
 	orphaned bool
-	// store: this lock's operation commits to the PostgreSQL store.
-	store bool
+	// store: this lock's operation commits to the PostgreSQL store;
+	// storeLast, the segment its grant last committed there through this
+	// lock (0: unknown; lockclient's cursor: the next commit sends the
+	// following number without reading the store first).
+	store     bool
+	storeLast int64
 }
 
 // ended: the library ended the lock (EXPIRED or RELEASED), or the worker
