@@ -226,7 +226,7 @@ gates: ## Release-gate report: 100,000 seeded schedules of the simulator (SEED=n
 	go run ./test/sim/cmd/gates -schedules=$(or $(SCHEDULES),100000) $(if $(BASE_SEED),-base-seed=$(BASE_SEED)) $(if $(SEED),-seed=$(SEED))
 
 .PHONY: chaos
-chaos: control-plane controller-manager ## Fault schedules on a replicated control plane (3 etcd, 2 apiservers, 2 operators, own netns each; needs root): SEED=n replays one, CHAOS_SCHEDULES=n runs more, BROKEN=cached-registry-read.
+chaos: control-plane controller-manager ## Fault schedules on a replicated control plane (3 etcd, 2 apiservers, 2 operators, own netns each; needs root): SEED=n replays one, CHAOS_SCHEDULES=n runs more, BROKEN=cached-registry-read or unprotected-store-table.
 	go run ./test/chaos/cmd/chaos -schedules=$(or $(CHAOS_SCHEDULES),$(if $(SEED),1,6)) $(if $(SEED),-seed=$(SEED)) $(if $(BROKEN),-broken=$(BROKEN))
 
 # The PostgreSQL store's part runs as a test of test/bench (TestPGStoreBench;
