@@ -393,3 +393,36 @@ func TestCommitBeginPaths(t *testing.T) {
 		t.Fatalf("the next segment on schema version 2: %q, %v", got, err)
 	}
 }
+
+// TestReceiptsInCommitOrder: a transaction that started before another
+// segment of the resource committed, and began its own segment after it,
+// has the later committed_at.
+func TestReceiptsInCommitOrder(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	s := newStore(t, pgfence.InstallOptions{})
+	s.invoices(t)
+	a := grantOf("worker-a", 1, rootOf('a'))
+	s.holds(t, pgfence.Enforce, a)
+	early, err := s.worker.Begin(ctx)
+	must(t, err)
+	defer func() { _ = early.Rollback(ctx) }()
+	if _, err := early.Exec(ctx, "SELECT 1"); err != nil { // now() is fixed here
+		t.Fatal(err)
+	}
+	other := connect(t, server.DSN(s.name)+" user="+workerRole)
+	if _, err := segment(ctx, other, w.envelope(w.issuer, a, 1, "1"), "INSERT INTO invoices VALUES (1, '1')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgfence.BeginSegment(ctx, early, w.envelope(w.issuer, a, 2, "2")); err != nil {
+		t.Fatal(err)
+	}
+	must(t, early.Commit(ctx))
+	rs, err := pgfence.FindReceipts(ctx, s.worker, resourceID, "op-worker-a")
+	if err != nil || len(rs) != 2 {
+		t.Fatalf("receipts: %+v, %v", rs, err)
+	}
+	if !rs[1].CommittedAt.After(rs[0].CommittedAt) {
+		t.Fatalf("segment 2 committed after segment 1 but has committed_at %s, not after %s", rs[1].CommittedAt, rs[0].CommittedAt)
+	}
+}

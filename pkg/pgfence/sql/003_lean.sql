@@ -27,7 +27,8 @@ BEGIN
 END $$;
 
 -- envelope_problem: the same checks, the member checks as operators on the
--- document rather than a query of its keys (a query is an executor run).
+-- document rather than a query of its keys (a query is an executor run),
+-- and the grant's integers checked as pkg/grant checks them.
 CREATE OR REPLACE FUNCTION fencekeeper.envelope_problem(env jsonb)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -56,6 +57,17 @@ BEGIN
        OR jsonb_typeof(env->'grant'->'fenceToken') IS DISTINCT FROM 'number' THEN
         RETURN 'grant: not a grant document';
     END IF;
+    -- The grant's integers as pkg/grant reads them (an int64, the fence
+    -- positive), so that none fails a cast later as another error than BAD_GRANT.
+    IF (env->'grant'->>'fenceToken') !~ '^[1-9][0-9]{0,18}$' OR (env->'grant'->>'fenceToken')::numeric > 9223372036854775807 THEN
+        RETURN format('grant: fenceToken %s is not a positive int64', env->'grant'->'fenceToken');
+    END IF;
+    FOREACH k IN ARRAY ARRAY['policyGeneration', 'issuerEpoch'] LOOP
+        IF jsonb_typeof(env->'grant'->k) IS DISTINCT FROM 'number' OR (env->'grant'->>k) !~ '^(0|[1-9][0-9]{0,18})$'
+           OR (env->'grant'->>k)::numeric > 9223372036854775807 THEN
+            RETURN format('grant: %s %s is not a non-negative int64', k, env->'grant'->k);
+        END IF;
+    END LOOP;
     IF jsonb_typeof(env->'segment') <> 'number' OR (env->>'segment') !~ '^[1-9][0-9]{0,18}$'
        OR (env->>'segment')::numeric > 9223372036854775807 THEN
         RETURN format('segment %s is not a positive int64', env->>'segment');
@@ -190,8 +202,12 @@ BEGIN
         IF f > st.highest_fence THEN
             DELETE FROM fencekeeper.receipts x WHERE x.resource_id = rid AND x.fence < f;
         END IF;
-        INSERT INTO fencekeeper.receipts (resource_id, fence, segment, operation, payload, receipt)
-            VALUES (rid, f, seg, envelope->>'operation', envelope->>'payload', receipt);
+        -- committed_at is when the segment was accepted, after the row lock
+        -- (which the resource's previous segment held until it committed):
+        -- the receipts of a resource order by it as they committed. now(),
+        -- the default, is the transaction's start, which does not.
+        INSERT INTO fencekeeper.receipts (resource_id, fence, segment, operation, payload, receipt, committed_at)
+            VALUES (rid, f, seg, envelope->>'operation', envelope->>'payload', receipt, clock_timestamp());
         UPDATE fencekeeper.resources r SET highest_fence = f, root = grant_root, last_segment = seg,
             grant_digest = g.digest, last_envelope_digest = env_digest, segment_xact = pg_current_xact_id()
             WHERE r.resource_id = rid;
