@@ -159,7 +159,10 @@ func (r *StorePublisher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if len(fr.Spec.Stores) == 0 {
 		return ctrl.Result{}, r.clearStatus(ctx, fr)
 	}
-	outcomes := r.publishAll(ctx, fr, publicationOf(fr, r.Identity.state().revokedBelow))
+	id := r.Identity.state()
+	p := publicationOf(fr, id.revokedBelow)
+	p.epoch = id.epoch
+	outcomes := r.publishAll(ctx, fr, p)
 	next, evs, changed := decideStoreStatuses(fr.Status.Stores, outcomes, metav1.Now())
 	cond := storesCondition(next, fr.Generation)
 	if changed || conditionChanged(fr.Status.Conditions, cond) {
@@ -212,6 +215,9 @@ func (r *StorePublisher) leave(namespace string) {
 
 // publication is what every store of a resource receives.
 type publication struct {
+	// epoch is the publishing leader's issuer epoch: a store refuses a
+	// publication below one it took (a deposed leader's, late).
+	epoch         int64
 	resource      types.NamespacedName
 	resourceID    string
 	mode          pgfence.Mode
@@ -294,6 +300,9 @@ func (r *StorePublisher) publishOnce(ctx context.Context, namespace string, s lo
 // publish writes the registry's truth in one transaction: the resource, the
 // revocation, the holder, and the end of every other open grant.
 func publish(ctx context.Context, tx pgx.Tx, p publication, grantUIDs map[string]string) error {
+	if err := pgfence.PublishEpoch(ctx, tx, p.epoch); err != nil {
+		return err
+	}
 	if err := pgfence.PublishResource(ctx, tx, p.resourceID, p.mode, p.generation); err != nil {
 		return err
 	}
@@ -356,8 +365,10 @@ func classifyStoreError(err error) (reason, message string) {
 	}
 	switch pe.Code {
 	case sqlStateInvalidSchema, sqlStateUndefinedFunction, sqlStateUndefinedTable:
-		return locksv1.ReasonStoreSchemaNotInstalled, fmt.Sprintf("the fencekeeper schema is not installed (%s): "+
-			"run kubectl fence pg install --dsn <the database's DSN> --operator-role <this DSN's role>", pe.Message)
+		return locksv1.ReasonStoreSchemaNotInstalled, fmt.Sprintf("the fencekeeper schema is not installed, or older than this operator needs (%s): "+
+			"run kubectl fence pg install --dsn <the database's DSN> --operator-role <this DSN's role> (an upgrade keeps every row)", pe.Message)
+	case pgfence.SQLStateEpochSuperseded:
+		return locksv1.ReasonStorePublishFailed, fmt.Sprintf("%s: %s", pe.Message, pe.Hint)
 	case sqlStateNoPrivilege:
 		return locksv1.ReasonStorePublishFailed, fmt.Sprintf("permission denied (%s): the DSN's role must be the operator role "+
 			"named at kubectl fence pg install --operator-role", pe.Message)

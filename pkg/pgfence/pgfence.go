@@ -25,6 +25,9 @@ const (
 	// SQLStateShadowed: begin_segment_enforced met a segment Shadow would
 	// let through (Commit then begins it again with begin_segment).
 	SQLStateShadowed = "FK002"
+	// SQLStateEpochSuperseded: a publication of an issuer epoch below one
+	// the store has taken (PublishEpoch).
+	SQLStateEpochSuperseded = "FK003"
 )
 
 //go:embed sql/*.sql
@@ -165,7 +168,8 @@ var (
 		"begin_segment(jsonb)", "find_receipts(text, text)", "resource_state(text)", "published(text)",
 	}
 	// workerFunctionsV3: what schema version 3 added for the workers.
-	workerFunctionsV3 = []string{"begin_segment_enforced(jsonb, text)"}
+	workerFunctionsV3   = []string{"begin_segment_enforced(jsonb, text)"}
+	operatorFunctionsV3 = []string{"publish_epoch(bigint)"}
 	operatorFunctions = []string{
 		"publish_resource(text, text, bigint)", "publish_grant(text, jsonb, timestamptz)",
 		"end_grant(text, text, timestamptz)", "publish_revocation(bigint)",
@@ -180,7 +184,11 @@ func grantRoles(ctx context.Context, tx pgx.Tx, o InstallOptions, version int) e
 	if o.OperatorRole != "" {
 		r := pgx.Identifier{o.OperatorRole}.Sanitize()
 		stmts = append(stmts, "GRANT USAGE ON SCHEMA fencekeeper TO "+r)
-		for _, f := range operatorFunctions {
+		fns := operatorFunctions
+		if version >= 3 {
+			fns = append(fns[:len(fns):len(fns)], operatorFunctionsV3...)
+		}
+		for _, f := range fns {
 			stmts = append(stmts, "GRANT EXECUTE ON FUNCTION fencekeeper."+f+" TO "+r)
 		}
 		reads := operatorReads

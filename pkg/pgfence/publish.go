@@ -21,8 +21,19 @@ const (
 	Enforce Mode = "Enforce"
 )
 
+// PublishEpoch starts a publishing transaction: it refuses (SQLSTATE
+// FK003, EPOCH_SUPERSEDED) when the store has taken publications of a
+// higher issuer epoch, so a deposed leader's late publication lands
+// nothing, and holds the store's issuer row until the transaction ends.
+// Schema version 3.
+func PublishEpoch(ctx context.Context, q Querier, issuerEpoch int64) error {
+	_, err := q.Exec(ctx, "SELECT fencekeeper.publish_epoch($1)", issuerEpoch)
+	return wrap(fmt.Sprintf("publish as issuer epoch %d", issuerEpoch), err)
+}
+
 // PublishResource registers the resource at the store, or updates its
-// mode and policy generation (which never goes down).
+// mode and policy generation (the registry's, since schema version 3;
+// before, it never went down).
 func PublishResource(ctx context.Context, q Querier, resourceID string, mode Mode, generation int64) error {
 	_, err := q.Exec(ctx, "SELECT fencekeeper.publish_resource($1, $2, $3)", resourceID, string(mode), generation)
 	return wrap("publish resource "+resourceID, err)

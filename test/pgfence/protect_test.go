@@ -166,6 +166,7 @@ func TestWorkerPrivileges(t *testing.T) {
 		"SELECT fencekeeper.publish_resource('x', 'Enforce', 1)",
 		"SELECT fencekeeper.end_grant('x', 'r', now())",
 		"SELECT fencekeeper.publish_revocation(0)",
+		"SELECT fencekeeper.publish_epoch(99)",
 		"SELECT fencekeeper.protect('invoices', 'billing/other')",
 		"ALTER TABLE invoices DISABLE TRIGGER fencekeeper_guard",
 		"DROP TRIGGER fencekeeper_guard ON invoices",
@@ -308,5 +309,60 @@ func TestRecheckAtCommit(t *testing.T) {
 	}
 	if _, err := segment(ctx, s.worker, w.envelope(w.issuer, b, 1, "2"), "INSERT INTO invoices VALUES (1, '2')"); err != nil {
 		t.Fatalf("B's segment: %v", err)
+	}
+}
+
+// TestPublishEpoch: a publication of an issuer epoch below one the store
+// took lands nothing (a deposed leader's, late: it would end the current
+// holder at the store for good); the policy generation is the registry's,
+// also when a restore took it back.
+func TestPublishEpoch(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	s := newStore(t, pgfence.InstallOptions{})
+	s.invoices(t)
+	a, b := grantOf("worker-a", 1, rootOf('a')), grantOf("worker-b", 2, rootOf('b'))
+	publishAs := func(epoch int64, fn func(tx pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, s.operator, func(tx pgx.Tx) error {
+			if err := pgfence.PublishEpoch(ctx, tx, epoch); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
+	}
+	// The new leader (epoch 2) publishes B, A's end.
+	must(t, publishAs(2, func(tx pgx.Tx) error {
+		must(t, pgfence.PublishResource(ctx, tx, resourceID, pgfence.Enforce, b.PolicyGeneration))
+		must(t, pgfence.PublishGrant(ctx, tx, a, now.Add(hour)))
+		must(t, pgfence.EndGrant(ctx, tx, a.Digest(), "Expired", now))
+		return pgfence.PublishGrant(ctx, tx, b, now.Add(hour))
+	}))
+	// The deposed leader (epoch 1) wakes up with A as the holder.
+	err := publishAs(1, func(tx pgx.Tx) error {
+		if err := pgfence.PublishGrant(ctx, tx, a, now.Add(hour)); err != nil {
+			return err
+		}
+		return pgfence.EndGrant(ctx, tx, b.Digest(), "Released", now)
+	})
+	if sqlState(err) != pgfence.SQLStateEpochSuperseded || !strings.Contains(err.Error(), "EPOCH_SUPERSEDED") {
+		t.Fatalf("a publication of epoch 1 after epoch 2: %v, want SQLSTATE %s", err, pgfence.SQLStateEpochSuperseded)
+	}
+	if ok, err := pgfence.Published(ctx, s.worker, b.Digest()); err != nil || !ok {
+		t.Fatalf("B after the deposed leader's publication: published %v, %v", ok, err)
+	}
+	if _, err := segment(ctx, s.worker, w.envelope(w.issuer, b, 1, "b"), "INSERT INTO invoices VALUES (1, 'b')"); err != nil {
+		t.Fatalf("B's segment: %v", err)
+	}
+	// The same epoch, and a higher one, publish.
+	must(t, publishAs(2, func(tx pgx.Tx) error { return nil }))
+	must(t, publishAs(3, func(tx pgx.Tx) error { return pgfence.PublishResource(ctx, tx, resourceID, pgfence.Enforce, 2) }))
+	// A restore took that spec change back: generation 2 → 1.
+	must(t, publishAs(3, func(tx pgx.Tx) error { return pgfence.PublishResource(ctx, tx, resourceID, pgfence.Enforce, 1) }))
+	st, err := pgfence.ResourceState(ctx, s.worker, resourceID)
+	if err != nil || st.Generation != 1 {
+		t.Fatalf("the generation after the restore: %+v, %v; want 1", st, err)
+	}
+	if err := publishAs(2, func(tx pgx.Tx) error { return nil }); sqlState(err) != pgfence.SQLStateEpochSuperseded {
+		t.Fatalf("epoch 2 after epoch 3: %v", err)
 	}
 }

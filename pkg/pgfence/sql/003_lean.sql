@@ -249,6 +249,43 @@ BEGIN
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 END $$;
 
+-- Publications are fenced by the issuer epoch: a leader that read the
+-- registry, paused, and publishes after its successor would otherwise end
+-- the successor's holder at the store for good (end_grant is final) and
+-- reopen its own. Each publishing transaction starts with publish_epoch,
+-- which takes the issuer row's lock (publications to a store are one at a
+-- time, as publish_revocation already made them) and refuses an epoch
+-- below one the store has taken: SQLSTATE FK003.
+ALTER TABLE fencekeeper.issuer ADD COLUMN publisher_epoch bigint NOT NULL DEFAULT 0;
+
+CREATE FUNCTION fencekeeper.publish_epoch(issuer_epoch bigint)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    seen bigint;
+BEGIN
+    UPDATE fencekeeper.issuer SET publisher_epoch = greatest(publisher_epoch, issuer_epoch) RETURNING publisher_epoch INTO seen;
+    IF seen > issuer_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'FK003',
+            MESSAGE = format('EPOCH_SUPERSEDED: this store took publications of issuer epoch %s; a publisher of epoch %s is no longer the leader', seen, issuer_epoch),
+            HINT = 'after a restore of the registry lowered the issuer epoch, raise it above the store''s (the issuer-epoch ConfigMap)';
+    END IF;
+END $$;
+
+-- With publications fenced by epoch, the resource's policy generation is
+-- the registry's, also when a restore took a spec change back (it only
+-- grew before, which refused every new grant POLICY_STALE after such a
+-- restore).
+CREATE OR REPLACE FUNCTION fencekeeper.publish_resource(resource text, resource_mode text, policy_generation bigint)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM fencekeeper.resources r WHERE r.resource_id = resource
+               AND r.mode = resource_mode AND r.generation = policy_generation) THEN
+        RETURN;
+    END IF;
+    INSERT INTO fencekeeper.resources (resource_id, mode, generation) VALUES (resource, resource_mode, policy_generation)
+    ON CONFLICT (resource_id) DO UPDATE SET mode = excluded.mode, generation = excluded.generation, published_at = now();
+END $$;
+
 -- begin_segment_enforced is begin_segment for a client that sends it in the
 -- same round trip as BEGIN and reads no result: it returns nothing and
 -- raises unless the segment is accepted with the receipt the client
