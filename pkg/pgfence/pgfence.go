@@ -170,7 +170,7 @@ var (
 	// workerFunctionsV3: what schema version 3 added for the workers.
 	workerFunctionsV3   = []string{"begin_segment_enforced(jsonb, text)"}
 	operatorFunctionsV3 = []string{"publish_epoch(bigint)"}
-	operatorFunctions = []string{
+	operatorFunctions   = []string{
 		"publish_resource(text, text, bigint)", "publish_grant(text, jsonb, timestamptz)",
 		"end_grant(text, text, timestamptz)", "publish_revocation(bigint)",
 		"find_receipts(text, text)", "resource_state(text)", "published(text)",
