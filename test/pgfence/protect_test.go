@@ -354,7 +354,7 @@ func TestPublishEpoch(t *testing.T) {
 		t.Fatalf("B's segment: %v", err)
 	}
 	// The same epoch, and a higher one, publish.
-	must(t, publishAs(2, func(tx pgx.Tx) error { return nil }))
+	must(t, publishAs(2, func(pgx.Tx) error { return nil }))
 	must(t, publishAs(3, func(tx pgx.Tx) error { return pgfence.PublishResource(ctx, tx, resourceID, pgfence.Enforce, 2) }))
 	// A restore took that spec change back: generation 2 → 1.
 	must(t, publishAs(3, func(tx pgx.Tx) error { return pgfence.PublishResource(ctx, tx, resourceID, pgfence.Enforce, 1) }))
@@ -362,7 +362,7 @@ func TestPublishEpoch(t *testing.T) {
 	if err != nil || st.Generation != 1 {
 		t.Fatalf("the generation after the restore: %+v, %v; want 1", st, err)
 	}
-	if err := publishAs(2, func(tx pgx.Tx) error { return nil }); sqlState(err) != pgfence.SQLStateEpochSuperseded {
+	if err := publishAs(2, func(pgx.Tx) error { return nil }); sqlState(err) != pgfence.SQLStateEpochSuperseded {
 		t.Fatalf("epoch 2 after epoch 3: %v", err)
 	}
 }
