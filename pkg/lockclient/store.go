@@ -187,12 +187,7 @@ func storeView(ctx context.Context, db pgfence.Pool, g grant.Grant) (bool, pgfen
 		return false, pgfence.State{}, err
 	}
 	defer conn.Release()
-	published, err := pgfence.Published(ctx, conn, g.Digest())
-	if err != nil {
-		return false, pgfence.State{}, err
-	}
-	st, err := pgfence.ResourceState(ctx, conn, g.Resource)
-	return published, st, err
+	return pgfence.PublishedState(ctx, conn, g.Digest(), g.Resource)
 }
 
 // storeUnknown records a store commit the receipts could not decide on the

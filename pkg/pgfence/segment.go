@@ -89,6 +89,23 @@ func Published(ctx context.Context, q Querier, digest string) (bool, error) {
 	return ok, err
 }
 
+// PublishedState is Published and ResourceState in one round trip: what a
+// client waiting for its grant's publication asks at each look.
+func PublishedState(ctx context.Context, q Querier, digest, resourceID string) (bool, State, error) {
+	var published bool
+	var s State
+	var highest, last, generation *int64
+	var root, grantDigest, mode *string
+	err := q.QueryRow(ctx, "SELECT fencekeeper.published($1), s.highest_fence, s.root, s.last_segment, s.grant_digest, s.mode, s.generation "+
+		"FROM (SELECT 1) one LEFT JOIN fencekeeper.resource_state($2) s ON true", digest, resourceID).
+		Scan(&published, &highest, &root, &last, &grantDigest, &mode, &generation)
+	if err != nil || highest == nil {
+		return published, State{}, err
+	}
+	s = State{Found: true, HighestFence: *highest, Root: *root, LastSegment: *last, GrantDigest: *grantDigest, Mode: *mode, Generation: *generation}
+	return published, s, nil
+}
+
 // Outcome is what the receipts prove about a segment whose commit answer was lost.
 type Outcome int
 
