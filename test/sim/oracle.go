@@ -153,6 +153,7 @@ const (
 	vStoreLost
 	vStoreReceipt
 	vStoreUnknown
+	vStoreHolderEnded
 	numViolationKinds
 )
 
@@ -167,7 +168,8 @@ var violationNames = [...]string{"accepted stale write", "accepted forged/tamper
 	"history not linearizable", "simulator error", "accepted write or delete from another pod of the holder's identity",
 	"store: stale segment committed", "store: segment of a grant never issued committed", "store: segment from an expired owner committed",
 	"store: regressed token committed", "store: skipped segment committed", "store: acknowledged segment lost",
-	"store: receipt inconsistent", "store: lost COMMIT resolved wrongly"}
+	"store: receipt inconsistent", "store: lost COMMIT resolved wrongly",
+	"store: the registry's holder ended by a publication"}
 
 // Violation is one broken rule in one schedule.
 type Violation struct {

@@ -2,23 +2,25 @@ package sim
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
-	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
 // The operator's store publisher (controllers/store_publisher.go), as the
 // simulator runs it: whenever what the registry holds for the store changes
 // (the holder, its expiry, the policy generation, the revocation), the
-// leader's publisher sends the registry's truth in one transaction; a
-// failure or a call without an answer within storeCallTimeout is retried
-// with controller-runtime's per-item backoff (0.5 s doubling up to 30 s),
-// and a new change is published at once. One publication is in flight at a
-// time (the workqueue runs a key on one worker). It runs only while the
-// issuer has a leader; a new leader starts with no memory of what it
-// published.
+// leader's publisher sends the registry's truth in one transaction that
+// begins with publish_epoch (the leader's issuer epoch: the store refuses
+// it whole, EPOCH_SUPERSEDED, below an epoch it took); a refusal or a call
+// without an answer within storeCallTimeout is retried with
+// controller-runtime's per-item backoff (0.5 s doubling up to 30 s), and a
+// new change is published at once. One publication is in flight at a time
+// (the workqueue runs a key on one worker). It runs only while the issuer
+// has a leader; a new leader starts with no memory of what it published.
+// The leader it replaced may still publish once, late (leaderLost).
 
 // storeCallTimeout bounds one publication (the publisher's storeCallTimeout).
 const storeCallTimeout = 5 * time.Second
@@ -30,6 +32,8 @@ const (
 
 // publication is what one publish transaction writes (publicationOf).
 type publication struct {
+	// epoch: the publishing leader's issuer epoch (publish_epoch).
+	epoch        int64
 	generation   int64
 	revokedBelow int64
 	holder       *grant.Grant
@@ -51,6 +55,9 @@ func (p *publication) describe() string {
 
 type publisher struct {
 	w *world
+	// rng draws when a deposed leader's publication arrives, on a stream of
+	// its own: the rest of the schedule draws what it drew without it.
+	rng *rand.Rand
 	// published is the key of the last publication the store took, as this
 	// leader knows it ("" after a leader change).
 	published string
@@ -66,12 +73,14 @@ type publisher struct {
 	lose, loseAnswer, delay, duplicate bool
 }
 
-func newPublisher(w *world) *publisher { return &publisher{w: w} }
+func newPublisher(w *world) *publisher {
+	return &publisher{w: w, rng: rand.New(rand.NewPCG(w.res.Seed, 0x6465706f736564))}
+}
 
 // snapshot is the registry's current truth for the store.
 func (p *publisher) snapshot() *publication {
 	r := p.w.reg
-	pub := &publication{generation: r.fr.Generation, revokedBelow: r.revokedBelow, restores: r.restores}
+	pub := &publication{epoch: r.epoch, generation: r.fr.Generation, revokedBelow: r.revokedBelow, restores: r.restores}
 	if h := r.fr.Status.Holder; h != nil {
 		g := h.Grant(r.fr.Spec.ResourceID)
 		pub.holder, pub.expiresAt = &g, h.ExpiresAt.Time
@@ -136,12 +145,18 @@ func (p *publisher) run() {
 	w.tracef("publisher: publishes generation %d, revokedBelow %d, holder %s", pub.generation, pub.revokedBelow, pub.describe())
 }
 
-// onReply: the store took the publication.
+// onReply: the store took the publication, or refused it
+// (EPOCH_SUPERSEDED: the publisher reports StorePublishFailed and retries
+// with backoff, as for any other failure).
 func (p *publisher) onReply(rp *reply) {
 	if rp.req != p.inFlight {
 		return // a duplicate's answer, or one to a leader that is gone
 	}
 	p.inFlight = nil
+	if rp.store.superseded {
+		p.failed(rp.req, "the store refused the publication: "+rp.message)
+		return
+	}
 	pub := rp.req.pub
 	p.published, p.failures, p.failedKey = pub.key, 0, ""
 	if pub.keepOthers {
@@ -150,40 +165,25 @@ func (p *publisher) onReply(rp *reply) {
 	}
 }
 
-// tick fails a publication that got no answer in time; once the faults
-// stop, it has the operator repair a store whose policy generation a
-// registry restore left ahead of the registry's.
+// tick fails a publication that got no answer in time.
 func (p *publisher) tick() {
-	p.repairGeneration()
 	r := p.inFlight
 	if r == nil || p.w.now.Before(r.sentAt.Add(storeCallTimeout)) {
 		return
 	}
 	p.inFlight = nil
+	p.failed(r, "no answer from the store")
+}
+
+// failed: the publication r failed; the same truth is tried again after
+// the backoff, a new one at once.
+func (p *publisher) failed(r *request, why string) {
 	p.failures++
 	backoff := storeRetryFirst << min(p.failures-1, 10)
 	backoff = min(backoff, storeRetryLongest)
 	p.retryAt, p.failedKey = p.w.now.Add(backoff), r.pub.key
 	p.w.res.StorePublishFailures++
-	p.w.tracef("publisher: no answer from the store; retry in %s", backoff)
-}
-
-// repairGeneration: publish_resource never lowers the store's policy
-// generation, so a registry restore that takes a spec change back leaves
-// the store ahead of metadata.generation, and every grant the registry
-// issues is POLICY_STALE there until the generation passes the store's
-// again. Once the faults stop, the operator edits the FencedResource's spec
-// as often as that takes (counted: StoreGenerationRepairs).
-func (p *publisher) repairGeneration() {
-	w := p.w
-	if !w.quiet || w.store.generation <= w.reg.fr.Generation {
-		return
-	}
-	w.res.StoreGenerationRepairs++
-	w.tracef("operator: the store is at policy generation %d, the FencedResource at %d: edits its spec", w.store.generation, w.reg.fr.Generation)
-	for w.store.generation > w.reg.fr.Generation {
-		w.reg.changeSpec(func(*locksv1.FencedResourceSpec) {})
-	}
+	p.w.tracef("publisher: %s; retry in %s", why, backoff)
 }
 
 func (p *publisher) nextEvent() time.Time {
@@ -198,9 +198,16 @@ func (p *publisher) nextEvent() time.Time {
 	return time.Time{}
 }
 
-// leaderLost: the leader's process is gone. What it sent is still on the
-// network (and lands if it arrives in time); the next leader's publisher
-// starts with no memory.
+// leaderLost: the leader's process is gone, or stopped. What it sent is
+// still on the network (and lands if it arrives in time); the next
+// leader's publisher starts with no memory. The deposed leader may also
+// have stopped (paused) in the middle of a reconcile, with the registry's
+// truth as its cache showed it then: it resumes after its successor took
+// over, before it notices it lost its lease, and sends its transaction
+// under its own epoch. publish_epoch refuses it if the successor published
+// first; it does not retry (the manager exits once its lease is lost). If
+// it arrives first, it publishes the truth it read, which the successor's
+// publication then replaces.
 func (p *publisher) leaderLost() {
 	w := p.w
 	if r := p.inFlight; r != nil {
@@ -218,18 +225,14 @@ func (p *publisher) leaderLost() {
 			}
 		}
 	}
-	*p = publisher{w: w, lose: p.lose, loseAnswer: p.loseAnswer, delay: p.delay, duplicate: p.duplicate}
-	if w.cfg.deposedPublisher {
-		// The old leader stopped (paused) in the middle of a reconcile, with
-		// the registry's truth as its cache showed it then; it resumes after
-		// its successor took over, before it notices it lost its lease, and
-		// its transaction goes through.
-		pub := p.snapshot()
-		r := &request{kind: reqPublish, user: "system:serviceaccount:fencekeeper-system:fencekeeper-manager (deposed)", pub: pub, fault: faultNone, deposed: true}
-		w.send(r)
-		r.notBefore = w.reg.outageUntil.Add(time.Duration(500+w.rng.IntN(15000)) * time.Millisecond)
-		w.tracef("publisher: the deposed leader's publication of holder %s will land at +%s", pub.describe(), r.notBefore.Sub(simStart).Truncate(time.Millisecond))
-	}
+	*p = publisher{w: w, rng: p.rng, lose: p.lose, loseAnswer: p.loseAnswer, delay: p.delay, duplicate: p.duplicate}
+	pub := p.snapshot()
+	r := &request{kind: reqPublish, user: "system:serviceaccount:fencekeeper-system:fencekeeper-manager (deposed)", pub: pub, fault: faultNone, deposed: true}
+	w.send(r)
+	r.notBefore = w.reg.outageUntil.Add(time.Duration(500+p.rng.IntN(15000)) * time.Millisecond)
+	w.res.StoreDeposed++
+	w.tracef("publisher: the deposed leader (epoch %d) resumes; its publication of holder %s arrives at +%s", pub.epoch, pub.describe(),
+		r.notBefore.Sub(simStart).Truncate(time.Millisecond))
 }
 
 // timedOut: the publication's caller gave up before it arrived; its

@@ -55,11 +55,6 @@ type Config struct {
 	StoreOneIn int
 	// storeFaults: the store faults schedules draw from (nil: all). Tests only.
 	storeFaults []storeFault
-	// deposedPublisher: at a leader change, the old leader's publication
-	// (of the registry as it was then) lands after its successor's. Nothing
-	// in the product fences it; it is left out of the gates and shown by
-	// TestDeposedPublisherLandsLate. Tests only.
-	deposedPublisher bool
 	// storeBroken breaks a store or publisher rule on purpose. Tests only.
 	storeBroken storeBroken
 	// Trace records one line per event (slow: for replaying a seed).
@@ -138,16 +133,14 @@ type Counters struct {
 	StoreFaultVerdicts   [numStoreFaults]map[fence.Verdict]int64
 	StoreFaults          [numStoreFaults]int64
 	StorePublications    int64 // publication transactions the store applied
-	StorePublishFailures int64 // publications without an answer in time (retried with backoff)
+	StorePublishFailures int64 // publications refused or without an answer in time (retried with backoff)
 	StoreWaitsGivenUp    int64 // workers that gave a lock up waiting for its publication
-	// StoreGenerationRepairs: spec edits the operator made once the faults
-	// stopped because a registry restore left the store's policy generation
-	// ahead of the registry's (publisher.repairGeneration).
-	StoreGenerationRepairs int64
-	// StoreHolderEnded: publications that ended the registry's current
-	// holder at the store (it cannot write there again), the registry not
-	// restored since they were read.
-	StoreHolderEnded int64
+	// StoreDeposed: publications a deposed leader sent late (at every
+	// leader change); StoreDeposedRefused of them refused EPOCH_SUPERSEDED,
+	// StoreDeposedLanded applied (they arrived before the successor's first).
+	StoreDeposed        int64
+	StoreDeposedRefused int64
+	StoreDeposedLanded  int64
 	// StoreLagWrites: segments committed in the documented publication lag, by lagNames.
 	StoreLagWrites           [numLagReasons]int64
 	StoreUnknown             int64 // COMMITs without an answer
@@ -259,8 +252,9 @@ func (c *Counters) add(o *Counters) {
 	c.StorePublications += o.StorePublications
 	c.StorePublishFailures += o.StorePublishFailures
 	c.StoreWaitsGivenUp += o.StoreWaitsGivenUp
-	c.StoreGenerationRepairs += o.StoreGenerationRepairs
-	c.StoreHolderEnded += o.StoreHolderEnded
+	c.StoreDeposed += o.StoreDeposed
+	c.StoreDeposedRefused += o.StoreDeposedRefused
+	c.StoreDeposedLanded += o.StoreDeposedLanded
 	for i := range c.StoreLagWrites {
 		c.StoreLagWrites[i] += o.StoreLagWrites[i]
 	}

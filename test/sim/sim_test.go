@@ -70,19 +70,23 @@ func TestReleaseGates(t *testing.T) {
 			t.Errorf("store fault %q was never injected", f)
 		}
 	}
+	// (Not POLICY_STALE nor ROOT_MISMATCH: the schedules reached them
+	// only through a store whose policy generation a registry restore had
+	// left ahead of the registry's, and the store now takes the registry's
+	// generation with the holder it publishes. A reissued fence's grant
+	// that is no longer the holder still gets ROOT_MISMATCH, too rarely
+	// for these schedules.)
 	for _, v := range []fence.Verdict{fence.Accepted, fence.FenceRequired, fence.BadGrant, fence.ForgedGrant, fence.WrongResource,
-		fence.RevokedEpoch, fence.FenceRegression, fence.StaleOwner, fence.RootMismatch, fence.NotHeld, fence.PolicyStale,
+		fence.RevokedEpoch, fence.FenceRegression, fence.StaleOwner, fence.NotHeld,
 		fence.SegmentOutOfOrder, fence.AlreadyApplied, fence.Quarantined, verdictNotHeldAtCommit} {
 		if rep.StoreVerdicts[v] == 0 {
 			t.Errorf("no store schedule produced verdict %s", v)
 		}
 	}
-	if rep.StoreHolderEnded > 0 {
-		t.Errorf("%d publications ended the registry's current holder at the store", rep.StoreHolderEnded)
-	}
-	if rep.StoreSegments == 0 || rep.StoreUnknown == 0 || rep.StoreUnknownApplied == 0 || rep.StoreUnknownAbsent == 0 {
-		t.Errorf("the store path did too little: %d segments, %d lost COMMITs (%d applied, %d absent)", rep.StoreSegments, rep.StoreUnknown,
-			rep.StoreUnknownApplied, rep.StoreUnknownAbsent)
+	if rep.StoreSegments == 0 || rep.StoreUnknown == 0 || rep.StoreUnknownApplied == 0 || rep.StoreUnknownAbsent == 0 ||
+		rep.StoreDeposedRefused == 0 || rep.StoreDeposedLanded == 0 {
+		t.Errorf("the store path did too little: %d segments, %d lost COMMITs (%d applied, %d absent), %d deposed leaders' publications (%d refused, %d landed)",
+			rep.StoreSegments, rep.StoreUnknown, rep.StoreUnknownApplied, rep.StoreUnknownAbsent, rep.StoreDeposed, rep.StoreDeposedRefused, rep.StoreDeposedLanded)
 	}
 	if rep.Commits == 0 || rep.UnknownOutcomes == 0 || rep.GrantsIssued == 0 {
 		t.Errorf("the schedules did too little: %d commits, %d unknown outcomes, %d grants", rep.Commits, rep.UnknownOutcomes, rep.GrantsIssued)
@@ -359,22 +363,37 @@ func TestStoreOracleCatchesBrokenRules(t *testing.T) {
 	}
 }
 
-// TestDeposedPublisherLandsLate shows what the product does not guard
-// against: a publication is not fenced by the issuer epoch, so a deposed
-// leader that stopped in the middle of a publication and resumes after its
-// successor published ends the successor's holder at the store for good
-// (publish_grant never re-opens an ended grant) and may open an older grant
-// the store never saw. The gates leave it out (Config.deposedPublisher); here
-// the oracle must see what it lets through.
-func TestDeposedPublisherLandsLate(t *testing.T) {
+// TestEpochFenceStopsDeposedPublisher: at every leader change of a store
+// schedule the deposed leader, stopped in the middle of a reconcile, sends
+// the registry as it read it after its successor took over. Without
+// publish_epoch (the store before schema version 3) that publication ends
+// the successor's holder at the store for good (publish_grant never
+// re-opens an ended grant) and may open an older grant: the report must go
+// red. With it, the same schedules are green.
+func TestEpochFenceStopsDeposedPublisher(t *testing.T) {
 	faults := []Fault{FaultIssuerFailover, FaultRevokedEpoch, FaultReleaseReacquire, FaultOwnerPause}
-	rep := Run(1, 300, 0, Config{StoreOneIn: 1, deposedPublisher: true, Faults: faults, storeFaults: []storeFault{sfStaleOwner, sfUnreachable}}, nil)
-	t.Logf("%d of %d schedules failed (violations %v); the registry's holder ended at the store %d times; %d locks given up waiting for a publication",
-		rep.FailedCount, rep.Schedules, rep.Violated, rep.StoreHolderEnded, rep.StoreWaitsGivenUp)
-	if rep.StoreHolderEnded == 0 {
-		t.Fatalf("no deposed leader's publication ended the registry's holder at the store")
+	cfg := Config{StoreOneIn: 1, Faults: faults, storeFaults: []storeFault{sfStaleOwner, sfUnreachable}}
+	const n = 150
+	unfenced := cfg
+	unfenced.storeBroken.noEpochFence = true
+	rep := Run(1, n, 0, unfenced, nil)
+	t.Logf("without the epoch fence: %d of %d schedules failed (violations %v); %d deposed leaders' publications, %d landed; %d locks given up waiting for a publication",
+		rep.FailedCount, rep.Schedules, rep.Violated, rep.StoreDeposed, rep.StoreDeposedLanded, rep.StoreWaitsGivenUp)
+	if rep.Violated[vStoreHolderEnded] == 0 || rep.Passed() {
+		t.Fatalf("without the epoch fence no deposed leader's publication ended the registry's holder at the store (violations %v)", rep.Violated)
 	}
-	for _, r := range rep.Failed {
-		t.Logf("%s", r.Describe())
+	t.Logf("first: %s", rep.Failed[0].Describe())
+
+	rep = Run(1, n, 0, cfg, nil)
+	t.Logf("with the epoch fence: %d deposed leaders' publications, %d refused EPOCH_SUPERSEDED, %d landed before their successor's",
+		rep.StoreDeposed, rep.StoreDeposedRefused, rep.StoreDeposedLanded)
+	if !rep.Passed() || rep.FailedCount > 0 {
+		for _, r := range rep.Failed {
+			t.Error(r.Describe())
+		}
+		t.Fatalf("with the epoch fence: %d of %d schedules failed (violations %v)", rep.FailedCount, rep.Schedules, rep.Violated)
+	}
+	if rep.StoreDeposedRefused == 0 {
+		t.Fatalf("no deposed leader's publication was refused")
 	}
 }

@@ -65,6 +65,9 @@ type storeBroken struct {
 	// resolveWithoutTerminating: a lost COMMIT is resolved from the
 	// receipts without ending the server process that ran it first.
 	resolveWithoutTerminating bool
+	// noEpochFence: the store before schema version 3, which took a
+	// publication of any issuer epoch (publish_epoch refuses nothing).
+	noEpochFence bool
 }
 
 // storeGrant is a row of fencekeeper.grants.
@@ -99,7 +102,8 @@ type storeTx struct {
 }
 
 // storeWaiter is a statement waiting for the resource row's lock: a
-// begin_segment, or a publication that changes the resource row.
+// begin_segment, or a publication that changes the resource row (or waits
+// behind one: publish_epoch holds the issuer row, one publication at a time).
 type storeWaiter struct {
 	tx  *storeTx
 	req *request
@@ -109,7 +113,9 @@ type storeWaiter struct {
 // and its sessions (lost when it restarts).
 type pgStore struct {
 	w *world
-	// The published view.
+	// The published view, and the highest publisher epoch taken
+	// (issuer.publisher_epoch).
+	epoch        int64
 	registered   bool
 	generation   int64
 	revokedBelow int64
@@ -343,11 +349,11 @@ func (s *pgStore) runWaiters() {
 		s.waiters = s.waiters[1:]
 		rp := &reply{req: wt.req, store: &storeAnswer{}}
 		if wt.tx == nil {
-			if !s.w.now.Before(wt.req.sentAt.Add(storeCallTimeout)) {
+			if wt.req.publicationTimedOut(s.w.now) {
 				s.w.tracef("store: a publication that waited for the row lock is gone: its publisher gave up")
 				continue
 			}
-			s.applyPublication(wt.req.pub)
+			s.publish(wt.req, rp)
 		} else {
 			if wt.tx.dead {
 				continue
@@ -409,31 +415,66 @@ func (o resolution) String() string {
 }
 
 // servePublish applies a publication in one transaction (the publisher's
-// publish): the resource row, the revocation, the holder (its expiry only
-// grows), the end of every other open grant. A publication that changes the
-// resource row waits for an open segment's row lock.
+// publish): publish_epoch, which refuses the whole transaction
+// (EPOCH_SUPERSEDED) when the publisher's epoch is below one the store
+// took, then the resource row (its policy generation set to the
+// registry's), the revocation, the holder (its expiry only grows), the end
+// of every other open grant. A publication that changes the resource row
+// waits for an open segment's row lock; one that arrives while another
+// waits waits behind it (publish_epoch holds the issuer row: publications
+// are one at a time).
 func (s *pgStore) servePublish(r *request, rp *reply) *reply {
 	p := r.pub
 	if r.publicationTimedOut(s.w.now) {
 		s.w.tracef("store: a publication arrives after its publisher gave up: its connection is closed")
 		return nil
 	}
-	if s.lock != nil && (!s.registered || p.generation > s.generation) {
+	if s.superseded(r, rp) {
+		return rp
+	}
+	if s.lock != nil && (!s.registered || p.generation != s.generation ||
+		slices.ContainsFunc(s.waiters, func(wt storeWaiter) bool { return wt.tx == nil })) {
 		s.waiters = append(s.waiters, storeWaiter{req: r})
 		s.w.tracef("store: a publication waits for the resource row's lock")
 		return nil
 	}
-	s.applyPublication(p)
-	if r.twice {
-		s.applyPublication(p)
+	if s.publish(r, rp) && r.twice {
+		s.applyPublication(r)
 	}
 	return rp
 }
 
-func (s *pgStore) applyPublication(p *publication) {
+// publish runs the publication r now, unless its epoch is superseded.
+func (s *pgStore) publish(r *request, rp *reply) bool {
+	if s.superseded(r, rp) {
+		return false
+	}
+	s.applyPublication(r)
+	return true
+}
+
+// superseded is publish_epoch's refusal (SQLSTATE FK003): nothing of the
+// publication lands.
+func (s *pgStore) superseded(r *request, rp *reply) bool {
 	w := s.w
+	if r.pub.epoch >= s.epoch || w.cfg.storeBroken.noEpochFence {
+		return false
+	}
+	rp.store.superseded = true
+	rp.message = fmt.Sprintf("EPOCH_SUPERSEDED: this store took publications of issuer epoch %d; a publisher of epoch %d is no longer the leader", s.epoch, r.pub.epoch)
+	if r.deposed {
+		w.res.StoreDeposedRefused++
+	}
+	w.tracef("store: %s's publication refused: %s", r.user, rp.message)
+	return true
+}
+
+func (s *pgStore) applyPublication(r *request) {
+	w := s.w
+	p := r.pub
+	s.epoch = max(s.epoch, p.epoch)
 	s.registered = true
-	s.generation = max(s.generation, p.generation)
+	s.generation = p.generation
 	s.revokedBelow = max(s.revokedBelow, p.revokedBelow)
 	holder := ""
 	if p.holder != nil {
@@ -456,14 +497,17 @@ func (s *pgStore) applyPublication(p *publication) {
 					// Ended at the store while the registry holds it, and
 					// the registry did not go back since the publication
 					// was read: for good, publish_grant never re-opens a grant.
-					w.res.StoreHolderEnded++
-					w.tracef("store: the registry's holder (fence %d) is ended at the store by a publication of holder %s", h.FenceToken, p.describe())
+					w.oracle.violation(vStoreHolderEnded, "the registry's holder (fence %d) is ended at the store by %s's publication of holder %s (epoch %d)",
+						h.FenceToken, r.user, p.describe(), p.epoch)
 				}
 			}
 		}
 	}
 	w.res.StorePublications++
-	w.tracef("store: publication applied (generation %d, revokedBelow %d, holder %s)", p.generation, p.revokedBelow, p.describe())
+	if r.deposed {
+		w.res.StoreDeposedLanded++
+	}
+	w.tracef("store: publication applied (epoch %d, generation %d, revokedBelow %d, holder %s)", p.epoch, p.generation, p.revokedBelow, p.describe())
 }
 
 // restart: the database restarts. Every session ends (open transactions
@@ -508,6 +552,8 @@ type storeAnswer struct {
 	published bool
 	state     fence.State
 	outcome   resolution
+	// superseded: publish_epoch refused the publication (EPOCH_SUPERSEDED).
+	superseded bool
 }
 
 // describeEnvelope summarizes an envelope for traces.

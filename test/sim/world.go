@@ -110,7 +110,7 @@ type request struct {
 	storeTx     int64
 	storeEnv    fence.Envelope
 	pub         *publication
-	// deposed: a deposed leader's publication (Config.deposedPublisher);
+	// deposed: a deposed leader's late publication (publisher.leaderLost);
 	// twice: a publication the store applies twice in a row.
 	deposed, twice bool
 }
