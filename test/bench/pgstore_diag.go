@@ -107,7 +107,7 @@ func (b *pgBench) functionTimes(ctx context.Context) (int, []pgFunction, error) 
 	defer pool.Close()
 	segments := func(n int) error {
 		for range n {
-			if _, _, err := b.resources[0].txn(ctx, pool, true); err != nil {
+			if _, _, err := b.resources[0].txn(ctx, pool, txFenced); err != nil {
 				return err
 			}
 		}
@@ -277,7 +277,7 @@ func (b *pgBench) historyProbe(ctx context.Context) (pgProbe, pgPlan, error) {
 	segmentP50 := func() (float64, error) {
 		var s []time.Duration
 		for i := range p.Segments + 1 {
-			_, steps, err := r.txn(ctx, b.pools[0], true)
+			_, steps, err := r.txn(ctx, b.pools[0], txFenced)
 			if err != nil {
 				return 0, err
 			}

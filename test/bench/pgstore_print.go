@@ -30,50 +30,51 @@ func (res *pgstoreResult) print(out io.Writer) {
 	}
 	res.Publication.print(tb)
 	res.OneResource.print(tb, res.Config.LockWindow)
-	tb.section("PostgreSQL store targets (fenced segment vs plain transaction, same server, same run)")
-	tb.row("target", "rule", "plain", "fenced", "ratio", "limit", "result")
+	tb.section("PostgreSQL store targets (fenced segment vs a plain transaction and vs the contract floor, same server, same run)")
+	tb.row("target", "against", "rule", "control", "fenced", "ratio", "limit", "result")
 	for _, c := range res.Checks {
 		limit, r := fmtF(c.Limit)+"×", fmtF(c.Ratio)+"×"
 		if c.Limit == 0 {
 			limit, r = "not judged", fmtF3(c.Ratio)+"×"
 		}
-		tb.row(c.Name, c.Rule, fmtF(c.Control)+" "+c.Unit, fmtF(c.Measured)+" "+c.Unit, r, limit, c.Result)
+		tb.row(c.Name, c.Against, c.Rule, fmtF(c.Control)+" "+c.Unit, fmtF(c.Measured)+" "+c.Unit, r, limit, c.Result)
 	}
 	tb.flush()
 	for _, c := range res.Checks {
 		if c.Detail != "" {
-			fmt.Fprintf(out, "  %s: %s\n", c.Name, c.Detail)
+			fmt.Fprintf(out, "  %s, against %s: %s\n", c.Name, c.Against, c.Detail)
 		}
 	}
 	fmt.Fprintf(out, "PGSTORE VERDICT: %s\n", res.Verdict)
 }
 
 func (l pgLatency) print(tb *table) {
-	tb.section("P1. Segment latency: one connection, row 1 of a 1,000-row table, plain and fenced alternating (ms)")
+	tb.section("P1. Segment latency: one connection, row 1 of a 1,000-row table, plain, contract floor and fenced in turn (ms)")
 	tb.row("transaction", "n", "p50", "p90", "p99", "max")
 	tb.distRow("plain: BEGIN; UPDATE; COMMIT", l.Plain)
-	tb.distRow("fenced: BEGIN; begin_segment; UPDATE; COMMIT", l.Fenced)
+	tb.distRow("contract floor: BEGIN + fence state and receipt written; UPDATE; COMMIT", l.Floor)
+	tb.distRow("fenced: BEGIN + begin_segment; UPDATE; COMMIT", l.Fenced)
 	tb.section("   interleaved repetitions")
-	tb.row("repetition", "n", "plain p50", "fenced p50", "p50 ratio", "plain p99", "fenced p99", "p99 ratio", "BEGIN + begin_segment p50", "guarded UPDATE p50")
+	tb.row("repetition", "n", "plain p50", "floor p50", "fenced p50", "p50 ratio", "over floor", "plain p99", "floor p99", "fenced p99", "p99 ratio", "over floor",
+		"BEGIN + begin_segment p50", "guarded UPDATE p50")
 	for i, r := range l.Reps {
-		tb.row(i+1, r.Fenced.N, r.Plain.P50, r.Fenced.P50, r.P50Ratio, r.Plain.P99, r.Fenced.P99, r.P99Ratio, r.BeginSegmentP50, r.GuardedUpdateP50)
+		tb.row(i+1, r.Fenced.N, r.Plain.P50, r.Floor.P50, r.Fenced.P50, r.P50Ratio, r.FloorP50Ratio, r.Plain.P99, r.Floor.P99, r.Fenced.P99, r.P99Ratio, r.FloorP99Ratio,
+			r.BeginSegmentP50, r.GuardedUpdateP50)
 	}
 	tb.section("   where a fenced segment's time goes: each round trip, as the client saw it (ms)")
-	tb.row("round trip", "plain p50", "fenced p50", "fenced − plain p50", "plain p99", "fenced p99")
+	tb.row("round trip", "plain p50", "floor p50", "fenced p50", "fenced − plain p50", "fenced − floor p50", "plain p99", "floor p99", "fenced p99")
 	for _, s := range l.Steps {
-		if s.Plain.N == 0 {
-			tb.row(s.Name+" (fenced only)", "", s.Fenced.P50, signed(s.Fenced.P50), "", s.Fenced.P99)
-			continue
-		}
-		tb.row(s.Name, s.Plain.P50, s.Fenced.P50, signed(round3(s.Fenced.P50-s.Plain.P50)), s.Plain.P99, s.Fenced.P99)
+		tb.row(s.Name, s.Plain.P50, s.Floor.P50, s.Fenced.P50, signed(round3(s.Fenced.P50-s.Plain.P50)), signed(round3(s.Fenced.P50-s.Floor.P50)),
+			s.Plain.P99, s.Floor.P99, s.Fenced.P99)
 	}
-	tb.row("whole transaction", l.Plain.P50, l.Fenced.P50, signed(round3(l.Fenced.P50-l.Plain.P50)), l.Plain.P99, l.Fenced.P99)
+	tb.row("whole transaction", l.Plain.P50, l.Floor.P50, l.Fenced.P50, signed(round3(l.Fenced.P50-l.Plain.P50)), signed(round3(l.Fenced.P50-l.Floor.P50)),
+		l.Plain.P99, l.Floor.P99, l.Fenced.P99)
 	tb.flush()
-	fmt.Fprintln(tb.out, "  BEGIN: fenced sends begin_segment_enforced in the same message; UPDATE: fenced runs the fencekeeper_guard trigger (a lookup of the resource row); COMMIT: fenced runs the deferred recheck_at_commit trigger and flushes more WAL")
+	fmt.Fprintln(tb.out, "  BEGIN: fenced sends begin_segment_enforced in the same message, the floor its two writes; UPDATE: fenced runs the fencekeeper_guard trigger (a lookup of the resource row); COMMIT: fenced runs the deferred recheck_at_commit trigger; both flush more WAL than plain")
 }
 
 func (t pgThroughput) print(tb *table, window string) {
-	tb.section(fmt.Sprintf("P2. Throughput: %d closed-loop workers, each its own connection, resource, grant and row; %s windows alternating", t.Workers, window))
+	tb.section(fmt.Sprintf("P2. Throughput: %d closed-loop workers, each its own connection, resource, grant and row; %s windows rotating", t.Workers, window))
 	tb.row("window", "kind", "commits", "s", "commits/s", "p50 ms", "p99 ms", "server CPU ms/commit", "client CPU ms/commit", "WAL bytes/commit", "machine busy %")
 	w := func(name string, x pgWindow) {
 		tb.row(name, x.Kind, x.Commits, x.Seconds, x.PerSecond, x.Latency.P50, x.Latency.P99, x.ServerCPU, x.ClientCPU, x.WALBytes, 100*x.MachineBusy)
@@ -82,10 +83,15 @@ func (t pgThroughput) print(tb *table, window string) {
 		w(fmt.Sprint(x.Rep), x)
 	}
 	w("all", t.Plain)
+	w("all", t.Floor)
 	w("all", t.Fenced)
 	tb.flush()
 	fmt.Fprintf(tb.out, "  fenced/plain: %s× commits/s, %s× server CPU per commit, %s× WAL bytes per commit\n",
 		fmtF(t.Ratio), fmtF(ratio(t.Fenced.ServerCPU, t.Plain.ServerCPU)), fmtF(ratio(t.Fenced.WALBytes, t.Plain.WALBytes)))
+	fmt.Fprintf(tb.out, "  contract floor/plain: %s× commits/s, %s× server CPU per commit, %s× WAL bytes per commit\n",
+		fmtF(t.FloorOverPlain), fmtF(ratio(t.Floor.ServerCPU, t.Plain.ServerCPU)), fmtF(ratio(t.Floor.WALBytes, t.Plain.WALBytes)))
+	fmt.Fprintf(tb.out, "  fenced/contract floor: %s× commits/s, %s× server CPU per commit, %s× WAL bytes per commit\n",
+		fmtF(t.FloorRatio), fmtF(ratio(t.Fenced.ServerCPU, t.Floor.ServerCPU)), fmtF(ratio(t.Fenced.WALBytes, t.Floor.WALBytes)))
 }
 
 func (d pgDiagnosis) print(tb *table) {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,11 +72,14 @@ func TestPGStoreBench(t *testing.T) {
 	l, tp := res.Latency, res.Throughput
 	positive("plain p50", l.Plain.P50)
 	positive("fenced p99", l.Fenced.P99)
+	positive("contract floor p50", l.Floor.P50)
 	for _, s := range l.Steps {
 		positive(s.Name+" round trip (fenced)", s.Fenced.P50)
 	}
 	positive("plain commits/s", tp.Plain.PerSecond)
 	positive("fenced commits/s", tp.Fenced.PerSecond)
+	positive("contract floor commits/s", tp.Floor.PerSecond)
+	positive("contract floor WAL bytes/commit", tp.Floor.WALBytes)
 	positive("fenced WAL bytes/commit", tp.Fenced.WALBytes)
 	positive("fenced server CPU/commit", tp.Fenced.ServerCPU)
 	if len(l.Reps) != cfg.Reps || len(tp.WindowRatios) != cfg.Reps {
@@ -99,11 +103,50 @@ func TestPGStoreBench(t *testing.T) {
 	if !o.NoLostUpdate {
 		t.Errorf("an update was lost: %s; %s", o.FencedCheck.describe("fenced"), o.PlainCheck.describe("plain"))
 	}
-	if len(res.Checks) != 4 || res.Verdict == "" {
-		t.Errorf("%d targets judged (want 4: p50, p99, throughput, no lost update), verdict %q", len(res.Checks), res.Verdict)
+	if len(res.Checks) != 7 || res.Verdict == "" {
+		t.Errorf("%d targets judged (want 7: p50, p99, throughput against plain and against the contract floor, no lost update), verdict %q",
+			len(res.Checks), res.Verdict)
 	}
 	if *pgstoreFailFlag && res.Verdict == verdictFail {
 		t.Errorf("a PostgreSQL store target failed")
+	}
+}
+
+// TestJudgeAgainstTheFloor: a target the contract floor alone misses is
+// said to be out of reach, and the same limits judge fenced over the floor.
+func TestJudgeAgainstTheFloor(t *testing.T) {
+	rep := func(plain, floor, fenced float64) pgLatencyRep {
+		return pgLatencyRep{Plain: dist{N: 10, P50: plain, P99: 2 * plain}, Floor: dist{N: 10, P50: floor, P99: 2 * floor},
+			Fenced: dist{N: 10, P50: fenced, P99: 2 * fenced}, P99Ratio: fenced / plain, FloorP99Ratio: fenced / floor}
+	}
+	r := rep(0.3, 0.6, 0.66)
+	res := &pgstoreResult{
+		Latency: pgLatency{Plain: r.Plain, Floor: r.Floor, Fenced: r.Fenced, Reps: []pgLatencyRep{r, r, r, r, r}},
+		Throughput: pgThroughput{Workers: 8, Plain: pgWindow{PerSecond: 1000}, Floor: pgWindow{PerSecond: 500}, Fenced: pgWindow{PerSecond: 450},
+			FloorOverPlain: 0.5, WindowRatios: []float64{0.45}, FloorWindowRatios: []float64{0.9}},
+		OneResource: pgOneResource{NoLostUpdate: true},
+	}
+	res.judge()
+	got := map[string]pgstoreCheck{}
+	for _, c := range res.Checks {
+		got[c.Against+" "+c.Name] = c
+	}
+	for name, want := range map[string]string{
+		"plain segment latency p50": verdictFail, "plain segment latency p99": verdictFail, "plain throughput, 8 workers": verdictFail,
+		"contract floor segment latency p50": verdictPass, "contract floor segment latency p99": verdictPass, "contract floor throughput, 8 workers": verdictPass,
+	} {
+		c, ok := got[name]
+		switch {
+		case !ok:
+			t.Errorf("%s: not judged (checks %v)", name, res.Checks)
+		case c.Result != want:
+			t.Errorf("%s: %s (ratio %v, %s), want %s", name, c.Result, c.Ratio, c.Detail, want)
+		case c.Against == kindPlain && !strings.Contains(c.Detail, "out of reach"):
+			t.Errorf("%s: the floor misses the limit, the detail does not say so: %s", name, c.Detail)
+		}
+	}
+	if res.Verdict != verdictFail {
+		t.Errorf("verdict %s with targets against plain failing, want FAIL", res.Verdict)
 	}
 }
 

@@ -13,15 +13,22 @@ import (
 )
 
 // pgThroughput: closed-loop workers, each on its own connection, resource
-// and row, in windows that alternate plain and fenced.
+// and row, in windows that rotate plain, contract floor and fenced.
 type pgThroughput struct {
 	Workers int        `json:"workers"`
 	Windows []pgWindow `json:"windows"`
 	Plain   pgWindow   `json:"plain"`
+	Floor   pgWindow   `json:"contract_floor"`
 	Fenced  pgWindow   `json:"fenced"`
-	Ratio   float64    `json:"ratio_fenced_over_plain"`
-	// WindowRatios: fenced over plain commits/s, repetition by repetition.
-	WindowRatios []float64 `json:"repetition_ratios"`
+	// Ratio: fenced over plain commits/s; FloorRatio: fenced over the
+	// contract floor; FloorOverPlain: the floor over plain.
+	Ratio          float64 `json:"ratio_fenced_over_plain"`
+	FloorRatio     float64 `json:"ratio_fenced_over_floor"`
+	FloorOverPlain float64 `json:"ratio_floor_over_plain"`
+	// WindowRatios, FloorWindowRatios: fenced over plain, and over the
+	// floor, commits/s, repetition by repetition.
+	WindowRatios      []float64 `json:"repetition_ratios"`
+	FloorWindowRatios []float64 `json:"repetition_ratios_over_floor"`
 }
 
 // pgWindow is one window, or a kind's windows pooled.
@@ -48,54 +55,52 @@ type pgWindow struct {
 
 const (
 	kindPlain  = "plain"
+	kindFloor  = "contract floor"
 	kindFenced = "fenced"
 )
 
 func (b *pgBench) throughput(ctx context.Context, log io.Writer) (pgThroughput, error) {
-	out := pgThroughput{Workers: b.cfg.Workers, Plain: pgWindow{Kind: kindPlain}, Fenced: pgWindow{Kind: kindFenced}}
-	for _, fenced := range []bool{false, true} {
-		if _, err := b.window(ctx, fenced, b.cfg.WindowWarmup); err != nil {
+	out := pgThroughput{Workers: b.cfg.Workers}
+	var pooled [txKinds]pgWindow
+	for k := range pooled {
+		pooled[k].Kind = txKind(k).String()
+		if _, err := b.window(ctx, txKind(k), b.cfg.WindowWarmup); err != nil {
 			return out, err
 		}
 	}
 	for rep := range b.cfg.Reps {
-		fencedFirst := rep%2 == 1
-		var perSecond [2]float64
-		for _, fenced := range []bool{fencedFirst, !fencedFirst} {
-			w, err := b.window(ctx, fenced, b.cfg.Window)
+		var perSecond [txKinds]float64
+		for _, k := range rotated(rep % txKinds) {
+			w, err := b.window(ctx, k, b.cfg.Window)
 			if err != nil {
 				return out, err
 			}
 			w.Rep = rep + 1
 			out.Windows = append(out.Windows, w)
-			pool := &out.Plain
-			if fenced {
-				pool = &out.Fenced
-				perSecond[1] = w.PerSecond
-			} else {
-				perSecond[0] = w.PerSecond
-			}
-			pool.merge(w)
+			perSecond[k] = w.PerSecond
+			pooled[k].merge(w)
 			fmt.Fprintf(log, "   window %d/%d %s: %d commits, %s/s, p50/p99 %s/%s ms\n", rep+1, b.cfg.Reps, w.Kind, w.Commits,
 				fmtF(w.PerSecond), fmtF(w.Latency.P50), fmtF(w.Latency.P99))
 		}
-		out.WindowRatios = append(out.WindowRatios, ratio(perSecond[1], perSecond[0]))
+		out.WindowRatios = append(out.WindowRatios, ratio(perSecond[txFenced], perSecond[txPlain]))
+		out.FloorWindowRatios = append(out.FloorWindowRatios, ratio(perSecond[txFenced], perSecond[txFloor]))
 	}
-	out.Plain.finish()
-	out.Fenced.finish()
+	for k := range pooled {
+		pooled[k].finish()
+		if pooled[k].Commits == 0 {
+			return out, errNoSamples
+		}
+	}
+	out.Plain, out.Floor, out.Fenced = pooled[txPlain], pooled[txFloor], pooled[txFenced]
 	out.Ratio = ratio(out.Fenced.PerSecond, out.Plain.PerSecond)
-	if out.Plain.Commits == 0 || out.Fenced.Commits == 0 {
-		return out, errNoSamples
-	}
+	out.FloorRatio = ratio(out.Fenced.PerSecond, out.Floor.PerSecond)
+	out.FloorOverPlain = ratio(out.Floor.PerSecond, out.Plain.PerSecond)
 	return out, nil
 }
 
 // window runs every worker's closed loop of one kind for d, and what it cost.
-func (b *pgBench) window(ctx context.Context, fenced bool, d time.Duration) (pgWindow, error) {
-	w := pgWindow{Kind: kindPlain}
-	if fenced {
-		w.Kind = kindFenced
-	}
+func (b *pgBench) window(ctx context.Context, kind txKind, d time.Duration) (pgWindow, error) {
+	w := pgWindow{Kind: kind.String()}
 	lsn0, err := b.walLSN(ctx)
 	if err != nil {
 		return w, err
@@ -111,7 +116,7 @@ func (b *pgBench) window(ctx context.Context, fenced bool, d time.Duration) (pgW
 		wg.Go(func() {
 			var mine []time.Duration
 			for time.Now().Before(end) && ctx.Err() == nil {
-				lat, _, err := b.resources[i].txn(ctx, pool, fenced)
+				lat, _, err := b.resources[i].txn(ctx, pool, kind)
 				if err != nil {
 					errs[i] = err
 					break
