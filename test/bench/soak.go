@@ -217,10 +217,12 @@ func (s *soakRun) timeline(ctx context.Context) error {
 
 // window records a window of kind lasting d.
 func (s *soakRun) window(ctx context.Context, kind string, d time.Duration) error {
+	before := s.scrape(ctx)
 	w := soakWindow{Kind: kind, Start: time.Now()}
 	cpu := sampleCPU()
 	fmt.Fprintf(s.log, "   %s window (%s)\n", kind, d)
 	err := ctxtime.Sleep(ctx, d)
+	w.Where = where(before, s.scrape(context.WithoutCancel(ctx)))
 	s.endWindow(w, cpu)
 	return err
 }
@@ -269,10 +271,12 @@ func (s *soakRun) saveHeapProfile(n int, kind string) {
 // cleanup deletes everything the tenant created and waits until the
 // operator let the LockGrants go; it is a window of its own (not judged).
 func (s *soakRun) cleanup(ctx context.Context) error {
+	before := s.scrape(ctx)
 	w := soakWindow{Kind: windowCleanup, Start: time.Now()}
 	cpu := sampleCPU()
 	fmt.Fprintf(s.log, "   cleanup: deleting what the tenant created\n")
 	err := s.tenant.cleanup(ctx, s.e)
+	w.Where = where(before, s.scrape(context.WithoutCancel(ctx)))
 	s.endWindow(w, cpu)
 	s.res.CleanupSeconds = round2(time.Since(w.Start).Seconds())
 	return err

@@ -22,6 +22,14 @@ func (x *soakResult) print(out io.Writer, section func(string), row func(...any)
 	}
 	flush()
 	fmt.Fprintln(out, "grants/s: grants of the honest lock issued (to anyone); handoff: an honest holder's Release call → the next holder's fence seen by the soak's watch of the registry; wait: Acquire → HELD")
+	row("window", "kind", "honest handoff p99 ms", "issuer queue wait mean ms", "p99 ms", "issuer decision mean ms", "API server: LockGrant PATCH p99 ms",
+		"registry status PUT p99 ms", "LockGrant webhook p99 ms")
+	for i, w := range x.Windows {
+		h := w.Where
+		row(i, w.Kind, w.Handoffs.P99, h.IssuerQueueMeanMs, h.IssuerQueueP99Ms, h.IssuerWorkMeanMs, h.LockGrantPatchP99Ms, h.RegistryPutP99Ms, h.LockGrantWebhookP99Ms)
+	}
+	flush()
+	fmt.Fprintln(out, "where a handoff's time went, from the operator's and the API server's own histograms over each window (p99 interpolated in their buckets; the API server's figures count every client's requests, the tenant's too)")
 	fmt.Fprintln(out, "baseline: the quiet window before the tenant acts and the one after its objects were deleted; pauses (tenant idle, its objects kept) are shown, not judged")
 	row("honest figures (ms)", "n", "p50", "p90", "p99", "max")
 	d := func(name string, v dist) { row(name, v.N, v.P50, v.P90, v.P99, v.Max) }

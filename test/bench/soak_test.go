@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -242,5 +243,36 @@ func TestReportTimingJudgesTheOthers(t *testing.T) {
 	r.Checks[1].Result = verdictFail
 	if r.reportTiming(); r.Verdict != verdictFail {
 		t.Fatalf("a failing safety check must still fail the run: %s", r.Verdict)
+	}
+}
+
+// TestSoakWhere reads a window's figures from two scrapes of each side's
+// metrics, and leaves 0 (never NaN, which JSON cannot hold) where nothing
+// was observed.
+func TestSoakWhere(t *testing.T) {
+	op := func(count, sum float64, le10ms, le100ms float64) string {
+		return fmt.Sprintf(`workqueue_queue_duration_seconds_bucket{controller="grant-issuer",name="grant-issuer",le="0.01"} %g
+workqueue_queue_duration_seconds_bucket{controller="grant-issuer",name="grant-issuer",le="0.1"} %g
+workqueue_queue_duration_seconds_bucket{controller="grant-issuer",name="grant-issuer",le="+Inf"} %g
+workqueue_queue_duration_seconds_sum{controller="grant-issuer",name="grant-issuer"} %g
+workqueue_queue_duration_seconds_count{controller="grant-issuer",name="grant-issuer"} %g
+workqueue_queue_duration_seconds_sum{controller="other",name="other"} 1000
+workqueue_queue_duration_seconds_count{controller="other",name="other"} 1
+`, le10ms, le100ms, count, sum, count)
+	}
+	before := soakScrape{operator: op(10, 0.05, 10, 10)}
+	after := soakScrape{operator: op(110, 1.05, 60, 110)}
+	w := where(before, after)
+	if w.IssuerQueueMeanMs != 10 {
+		t.Errorf("queue wait mean %v ms, want 10 (1 s over 100 items, the other controller left out)", w.IssuerQueueMeanMs)
+	}
+	if w.IssuerQueueP99Ms <= 10 || w.IssuerQueueP99Ms > 100 {
+		t.Errorf("queue wait p99 %v ms, want in the 10–100 ms bucket", w.IssuerQueueP99Ms)
+	}
+	if w.IssuerWorkMeanMs != 0 || w.LockGrantPatchP99Ms != 0 {
+		t.Errorf("figures with no observation: %+v, want 0", w)
+	}
+	if _, err := json.Marshal(w); err != nil {
+		t.Errorf("the window's figures do not encode: %v", err)
 	}
 }

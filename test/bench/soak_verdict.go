@@ -93,6 +93,9 @@ type soakWindow struct {
 	// clients); MachineBusy the share of the machine's CPU in use (0–1).
 	CPUPercent  map[string]float64 `json:"cpu_percent_by_process"`
 	MachineBusy float64            `json:"machine_busy"`
+	// Where: where time went in the window, by the operator's and the API
+	// server's own histograms.
+	Where soakWhere `json:"where_time_went"`
 }
 
 type acquisitions struct {
