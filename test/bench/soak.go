@@ -156,6 +156,7 @@ func (r *report) soak(ctx context.Context, e *env, cfg *config, log io.Writer) e
 	go func() { defer bg.Done(); s.sampleClaims(ctx) }()
 	honestCtx, stopHonest := context.WithCancel(ctx)
 	honestDone := s.honest.run(honestCtx, s.rec)
+	floorDone := s.startFloor(honestCtx)
 	err = s.timeline(ctx)
 	if err == nil {
 		err = s.cleanup(ctx)
@@ -165,6 +166,7 @@ func (r *report) soak(ctx context.Context, e *env, cfg *config, log io.Writer) e
 	}
 	stopHonest()
 	<-honestDone
+	<-floorDone
 	if err != nil {
 		return err
 	}

@@ -240,7 +240,9 @@ func (r *soakResult) checkWrongPod() soakCheck {
 	return c
 }
 
-// overall is FAIL when a check failed, else INCONCLUSIVE when one was, else PASS.
+// overall is FAIL when a check failed, else INCONCLUSIVE when one was, else
+// PASS. An OUT OF REACH line counts as neither: its line against the floor
+// is judged in its place.
 func overall(checks []soakCheck) string {
 	v := verdictPass
 	for _, c := range checks {

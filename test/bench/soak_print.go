@@ -13,15 +13,15 @@ import (
 func (x *soakResult) print(out io.Writer, section func(string), row func(...any), flush func()) {
 	section(fmt.Sprintf("Soak: honest workers beside a hostile tenant (%s hostile in %d windows, attacks %s; tenant %s; workers %s)",
 		x.HostileTime, x.WindowsAsked, x.Attacks, x.Tenant, x.HonestIdentity))
-	row("window", "kind", "s", "grants/s", "honest handoffs", "handoff p50 ms", "p99 ms", "max ms", "wait p99 ms", "refused", "operator RSS (anon) MiB", "target claims",
+	row("window", "kind", "s", "grants/s", "honest handoffs", "handoff p50 ms", "p99 ms", "max ms", "floor handoff p99 ms (n)", "wait p99 ms", "refused", "operator RSS (anon) MiB", "target claims",
 		"CPU % apiserver/etcd/operator/bench", "machine busy %")
 	for i, w := range x.Windows {
 		c := w.CPUPercent
-		row(i, w.Kind, round2(w.End.Sub(w.Start).Seconds()), w.IssuedPerSecond, w.Handoffs.N, w.Handoffs.P50, w.Handoffs.P99, w.Handoffs.Max, w.Waits.P99, w.Refused, fmt.Sprintf("%s (%s)", fmtF(w.RSSEndMiB), fmtF(w.AnonEndMiB)), w.Claims,
+		row(i, w.Kind, round2(w.End.Sub(w.Start).Seconds()), w.IssuedPerSecond, w.Handoffs.N, w.Handoffs.P50, w.Handoffs.P99, w.Handoffs.Max, fmt.Sprintf("%s (%d)", fmtF(w.Floor.P99), w.Floor.N), w.Waits.P99, w.Refused, fmt.Sprintf("%s (%s)", fmtF(w.RSSEndMiB), fmtF(w.AnonEndMiB)), w.Claims,
 			fmt.Sprintf("%.0f/%.0f/%.0f/%.0f", c["kube-apiserver"], c["etcd"], c["manager"], c["bench"]), 100*w.MachineBusy)
 	}
 	flush()
-	fmt.Fprintln(out, "grants/s: grants of the honest lock issued (to anyone); handoff: an honest holder's Release call → the next holder's fence seen by the soak's watch of the registry; wait: Acquire → HELD")
+	fmt.Fprintln(out, "grants/s: grants of the honest lock issued (to anyone); handoff: an honest holder's Release call → the next holder's fence seen by the soak's watch of the registry; wait: Acquire → HELD; floor handoff: the contract's handoff with no operator (a release PATCH, a minimal issuer's CAS, two watch hops), sampled beside the workers on a registry of its own")
 	row("window", "kind", "honest handoff p99 ms", "issuer queue wait mean ms", "p99 ms", "issuer decision mean ms", "API server: LockGrant PATCH p99 ms",
 		"registry status PUT p99 ms", "LockGrant webhook p99 ms")
 	for i, w := range x.Windows {
@@ -35,11 +35,16 @@ func (x *soakResult) print(out io.Writer, section func(string), row func(...any)
 	d := func(name string, v dist) { row(name, v.N, v.P50, v.P90, v.P99, v.Max) }
 	d("handoff, baseline", x.Handoffs.Quiet)
 	d("handoff, hostile windows", x.Handoffs.Hostile)
+	d("floor handoff (no operator), baseline", x.Floor.Quiet)
+	d("floor handoff (no operator), hostile windows", x.Floor.Hostile)
 	d("tenant's release → next holder, hostile", x.TenantHandoffs)
 	d("wait, baseline", x.Waits.Quiet)
 	d("wait, overlapping a hostile window", x.Waits.Hostile)
 	d("  the same, less the tenant's holds", x.WaitsWithoutTenantHolds)
 	flush()
+	if x.FloorError != "" {
+		fmt.Fprintf(out, "the floor handoff stopped early: %s\n", x.FloorError)
+	}
 	fmt.Fprintf(out, "honest acquisitions: %d served, %d refused %s; write/release failures: %s\n",
 		x.Acquisitions.Served, x.Acquisitions.Refused, countsText(x.Acquisitions.Reasons), countsText(x.WriteFailures))
 	x.printInputs(out, section, row, flush)

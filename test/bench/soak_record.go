@@ -25,6 +25,10 @@ type soakRecorder struct {
 	writeFailures map[string]int
 	rssPoints     []rssPoint
 	claimPoints   []claimPoint
+	// floor: the control's handoffs (soak_floor.go), at when each sample
+	// began; floorErr why it stopped early.
+	floor    []timedSample
+	floorErr string
 	// reconciliationRequired: the honest entry's ReconciliationRequired
 	// condition was seen True.
 	reconciliationRequired bool
@@ -63,6 +67,13 @@ type claimPoint struct {
 
 func newSoakRecorder() *soakRecorder {
 	return &soakRecorder{fenceAt: map[int64]time.Time{}, writeFailures: map[string]int{}}
+}
+
+// floorHandoff records one sample of the floor handoff begun at start.
+func (r *soakRecorder) floorHandoff(start time.Time, took time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.floor = append(r.floor, timedSample{at: start, end: start.Add(took), d: took})
 }
 
 // observe records a state of the honest lock seen at now.

@@ -59,13 +59,18 @@ func TestQuickSoak(t *testing.T) {
 		"odd-input cases":         len(s.Inputs.Odd),
 		"wrong-pod attempts":      len(s.Inputs.WrongPod),
 		"operator RSS samples":    s.Memory.Anon.AfterCleanupSamples,
+		"quiet floor handoffs":    s.Floor.Quiet.N,
+		"hostile floor handoffs":  s.Floor.Hostile.N,
 	} {
 		if n == 0 {
 			t.Errorf("%s: none measured", what)
 		}
 	}
-	if len(s.Checks) != 10 {
-		t.Errorf("%d checks judged, want 10", len(s.Checks))
+	if s.FloorError != "" {
+		t.Errorf("the floor handoff stopped early: %s", s.FloorError)
+	}
+	if len(s.Checks) != 12 {
+		t.Errorf("%d checks judged, want 12", len(s.Checks))
 	}
 	if s.Verdict == verdictFail {
 		for _, c := range s.Checks {
@@ -274,5 +279,42 @@ workqueue_queue_duration_seconds_count{controller="other",name="other"} 1
 	}
 	if _, err := json.Marshal(w); err != nil {
 		t.Errorf("the window's figures do not encode: %v", err)
+	}
+}
+
+// TestJudgeAgainstTheSoakFloor: a slowdown the floor handoff alone shows is
+// out of reach, and the line against the floor judges what the operator adds.
+func TestJudgeAgainstTheSoakFloor(t *testing.T) {
+	windows := func(d time.Duration) [][]time.Duration {
+		return [][]time.Duration{repeat(d, 200), repeat(d, 200), repeat(d, 200)}
+	}
+	quiet := repeat(msN(10), 300)
+	slowFloor := slowdownOf(quiet, windows(msN(30))) // 3×, in every window
+	calmFloor := slowdownOf(quiet, windows(msN(12))) // 1.2×
+	for name, c := range map[string]struct {
+		honest     [][]time.Duration
+		floor      floorSlowdown
+		tail, vsFl string
+	}{
+		"the floor alone misses the limit, the operator adds little": {windows(msN(35)), slowFloor, verdictOutOfReach, verdictPass},
+		"the floor alone misses the limit, the operator adds more":   {windows(msN(45)), slowFloor, verdictOutOfReach, verdictFail},
+		"the floor holds, the operator does not":                     {windows(msN(25)), calmFloor, verdictFail, verdictFail},
+		"both hold":                                                  {windows(msN(14)), calmFloor, verdictPass, verdictPass},
+		"too few floor samples":                                      {windows(msN(25)), slowdownOf(repeat(msN(10), 20), windows(msN(30))), verdictFail, verdictInconclusive},
+		"faster than the baseline":                                   {windows(msN(9)), slowFloor, verdictPass, verdictPass},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tail := c.floor.againstFloor(checkTail("x", quiet, c.honest))
+			if tail.Result != c.tail {
+				t.Errorf("slowdown line %s, want %s: %s %s", tail.Result, c.tail, tail.Measured, tail.Detail)
+			}
+			vs := checkAgainstFloor("y", quiet, c.honest, c.floor)
+			if vs.Result != c.vsFl {
+				t.Errorf("line against the floor %s, want %s: %s %s", vs.Result, c.vsFl, vs.Measured, vs.Detail)
+			}
+		})
+	}
+	if got := overall([]soakCheck{{Result: verdictOutOfReach}, {Result: verdictPass}}); got != verdictPass {
+		t.Errorf("an OUT OF REACH line with a passing line against the floor: overall %s, want PASS", got)
 	}
 }

@@ -12,6 +12,9 @@ const (
 	verdictInconclusive = "INCONCLUSIVE"
 	// verdictReported: a timing check printed, not judged (-soak-report-timing).
 	verdictReported = "REPORTED"
+	// verdictOutOfReach: a limit the floor handoff alone missed in the same
+	// windows (soak_floor.go); the line against the floor judges instead.
+	verdictOutOfReach = "OUT OF REACH"
 
 	windowWarmup       = "warm-up"
 	windowQuiet        = "quiet"
@@ -29,7 +32,11 @@ const (
 	minTailSamples = 100
 	// minWindowSamples: a hostile window with fewer samples does not count
 	// as a repetition of an excess.
-	minWindowSamples  = 20
+	minWindowSamples = 20
+	// floorLimit: an honest slowdown may be at most this many times the
+	// floor handoff's in the same windows, the bench's tail tolerance
+	// against the contract's floor.
+	floorLimit        = 1.3
 	rssGrowthLimitMiB = 64
 	rssClimbLimitMiB  = 8
 )
@@ -46,6 +53,10 @@ type soakResult struct {
 	// Handoffs: honest release call → the next holder's fence seen by the
 	// soak's watch of the registry, by window kind.
 	Handoffs splitDist `json:"honest_handoffs"`
+	// Floor: the control's handoffs, the contract's floor with no operator
+	// (soak_floor.go), by window kind; FloorError why it stopped early.
+	Floor      splitDist `json:"floor_handoffs"`
+	FloorError string    `json:"floor_error,omitempty"`
 	// TenantHandoffs: the tenant's release of the honest lock → next holder.
 	TenantHandoffs dist      `json:"tenant_handoffs_on_honest_lock"`
 	Waits          splitDist `json:"honest_waits"`
@@ -79,6 +90,7 @@ type soakWindow struct {
 	Start    time.Time `json:"start"`
 	End      time.Time `json:"end"`
 	Handoffs dist      `json:"honest_handoffs"`
+	Floor    dist      `json:"floor_handoffs"`
 	Waits    dist      `json:"honest_waits"`
 	// Issued: grants of the honest lock first seen in the window (anyone's).
 	Issued          int     `json:"issued"`
@@ -272,6 +284,9 @@ func (r *soakResult) analyze(rec *soakRecorder, t *tenantSide) {
 	}
 	r.windowFigures(rec, honest, waits)
 	qh, hh := r.pools(honest, false)
+	qf, hf := r.pools(rec.floor, false)
+	floor := slowdownOf(qf, hf)
+	r.Floor, r.FloorError = splitDist{Quiet: floor.quiet, Hostile: floor.hostile}, rec.floorErr
 	r.Handoffs = splitDist{Quiet: summarize(qh), Hostile: summarize(flat(hh))}
 	_, th := r.pools(handoffSamples(rec.releases, rec.fenceAt, true), false)
 	r.TenantHandoffs = summarize(flat(th))
@@ -288,9 +303,11 @@ func (r *soakResult) analyze(rec *soakRecorder, t *tenantSide) {
 		r.ClaimsPeak = max(r.ClaimsPeak, c.count)
 	}
 	r.Checks = []soakCheck{
-		checkTail("honest handoff p99", qh, hh),
+		floor.againstFloor(checkTail("honest handoff p99", qh, hh)),
+		checkAgainstFloor("honest handoff p99 against the floor", qh, hh, floor),
 		r.checkIssuing(),
-		checkWait(qw, ha),
+		floor.againstFloor(checkWait(qw, ha)),
+		checkAgainstFloor("honest wait against the floor", qw, ha, floor),
 		r.checkAcquisitions(),
 		r.checkOdd(),
 		r.checkGrowth(),
@@ -303,7 +320,8 @@ func (r *soakResult) analyze(rec *soakRecorder, t *tenantSide) {
 }
 
 // timingChecks are the checks judged by time, not by what happened.
-var timingChecks = []string{"honest handoff p99", "issuing on the honest lock", "honest wait behind the tenant"}
+var timingChecks = []string{"honest handoff p99", "honest handoff p99 against the floor", "issuing on the honest lock",
+	"honest wait behind the tenant", "honest wait against the floor"}
 
 // reportTiming turns the timing checks' results into REPORTED (the figures
 // stay) and judges the run on the others.
@@ -384,10 +402,10 @@ func (r *soakResult) windowFigures(rec *soakRecorder, handoffs, waits []timedSam
 		}
 		return out
 	}
-	h, w := per(handoffs), per(waits)
+	h, w, f := per(handoffs), per(waits), per(rec.floor)
 	for i := range r.Windows {
 		win := &r.Windows[i]
-		win.Handoffs, win.Waits = summarize(h[i]), summarize(w[i])
+		win.Handoffs, win.Waits, win.Floor = summarize(h[i]), summarize(w[i]), summarize(f[i])
 		for f, at := range rec.fenceAt {
 			if r.windowOf(at) == i {
 				win.Issued++
