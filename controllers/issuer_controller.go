@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +28,10 @@ import (
 // conflictRetry is how soon a lost compare-and-swap is retried. The informer
 // delivers the newer object anyway; this is the backstop.
 const conflictRetry = 20 * time.Millisecond
+
+// maxConcurrentGrantReads bounds the reads around the cache one decision
+// makes at once (a queue of up to MaxQueueLength arrivals).
+const maxConcurrentGrantReads = 8
 
 // +kubebuilder:rbac:groups=locks.fencekeeper.dev,resources=fencedresources,verbs=get;list;watch
 // +kubebuilder:rbac:groups=locks.fencekeeper.dev,resources=fencedresources/status,verbs=get;update;patch
@@ -169,18 +174,26 @@ func (r *IssuerReconciler) gather(ctx context.Context, key types.NamespacedName)
 	}, true, nil
 }
 
-// decide runs issuer.DecideConfirmed with reads around the cache.
+// decide runs issuer.DecideConfirmed with reads around the cache, all of a
+// decision's at once: arrivals come in bursts (a whole queue re-requesting),
+// and a release waits for the pass in progress on its lock.
 func (r *IssuerReconciler) decide(ctx context.Context, in *issuer.Input) (issuer.Decision, error) {
-	return issuer.DecideConfirmed(in, func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
-		uncachedGrantReads.Inc()
-		var fresh locksv1.LockGrant
-		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), &fresh); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, nil
-			}
-			return nil, err
+	return issuer.DecideConfirmed(in, func(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error) {
+		fresh := make([]*locksv1.LockGrant, len(cached))
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(maxConcurrentGrantReads)
+		for i, c := range cached {
+			g.Go(func() error {
+				uncachedGrantReads.Inc()
+				var lg locksv1.LockGrant
+				if err := r.APIReader.Get(gctx, client.ObjectKeyFromObject(c), &lg); err != nil {
+					return client.IgnoreNotFound(err) // gone: nil
+				}
+				fresh[i] = &lg
+				return nil
+			})
 		}
-		return &fresh, nil
+		return fresh, g.Wait()
 	})
 }
 

@@ -3,6 +3,8 @@ package controllers
 import (
 	"bytes"
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,14 +20,40 @@ import (
 )
 
 // apiServer is the truth decide reads around its cache: LockGrants by name,
-// and the names it was asked for.
+// and the names it was asked for. With together set, each read waits (up to
+// a second) until that many are in flight at once.
 type apiServer struct {
-	grants map[string]locksv1.LockGrant
-	reads  []string
+	grants   map[string]locksv1.LockGrant
+	together int
+
+	mu       sync.Mutex
+	reads    []string
+	inFlight int
+	arrived  chan struct{}
+	atOnce   bool
 }
 
 func (a *apiServer) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	a.mu.Lock()
 	a.reads = append(a.reads, key.Name)
+	if a.together > 0 {
+		if a.arrived == nil {
+			a.arrived = make(chan struct{})
+		}
+		if a.inFlight++; a.inFlight == a.together {
+			a.atOnce = true
+			close(a.arrived)
+		}
+		arrived := a.arrived
+		a.mu.Unlock()
+		select {
+		case <-arrived:
+		case <-time.After(time.Second):
+		}
+		a.mu.Lock()
+		a.inFlight--
+	}
+	a.mu.Unlock()
 	lg, ok := a.grants[key.Name]
 	if !ok {
 		return apierrors.NewNotFound(schema.GroupResource{Group: locksv1.GroupVersion.Group, Resource: "lockgrants"}, key.Name)
@@ -49,22 +77,49 @@ func waiting(name string, created time.Duration) locksv1.LockGrant {
 
 func decideWith(t *testing.T, queue []locksv1.QueuedGrant, cache []locksv1.LockGrant, truth map[string]locksv1.LockGrant) (issuer.Decision, []string) {
 	t.Helper()
-	signer, err := grant.NewSigner("test", bytes.Repeat([]byte{7}, 32))
-	if err != nil {
-		t.Fatal(err)
-	}
 	fr := &locksv1.FencedResource{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "batch", Generation: 1, ResourceVersion: "100"},
 		Spec:       locksv1.FencedResourceSpec{ResourceID: "batch/1", LeaseDurationSeconds: 10},
 		Status:     locksv1.FencedResourceStatus{Queue: queue},
 	}
 	api := &apiServer{grants: truth}
+	d := decideAgainst(t, api, fr, cache)
+	slices.Sort(api.reads) // one decision's reads are made at once, in no order
+	return d, api.reads
+}
+
+func decideAgainst(t *testing.T, api *apiServer, fr *locksv1.FencedResource, cache []locksv1.LockGrant) issuer.Decision {
+	t.Helper()
+	signer, err := grant.NewSigner("test", bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := &IssuerReconciler{APIReader: api}
 	d, err := r.decide(context.Background(), &issuer.Input{Resource: fr, Grants: cache, Now: time.Unix(2000, 0), Epoch: 1, Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d, api.reads
+	return d
+}
+
+// A burst of arrivals is confirmed with its reads in flight at once: the
+// pass, and a release waiting for it, takes one round trip, not one per
+// arrival. Read one after another, the first would wait its second alone.
+func TestDecideReadsArrivalsAtOnce(t *testing.T) {
+	cache := []locksv1.LockGrant{waiting("a", 0), waiting("b", time.Second), waiting("c", 2*time.Second)}
+	truth := map[string]locksv1.LockGrant{"a": cache[0], "b": cache[1], "c": cache[2]}
+	fr := &locksv1.FencedResource{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "batch", Generation: 1, ResourceVersion: "100"},
+		Spec:       locksv1.FencedResourceSpec{ResourceID: "batch/1", LeaseDurationSeconds: 10},
+	}
+	api := &apiServer{grants: truth, together: 3}
+	d := decideAgainst(t, api, fr, cache)
+	if d.IssuedTo != "a" || len(api.reads) != 3 {
+		t.Fatalf("issued to %q after reads %v; want a, each read once", d.IssuedTo, api.reads)
+	}
+	if !api.atOnce {
+		t.Fatalf("the three reads %v were not in flight at once", api.reads)
+	}
 }
 
 // A head confirmed when it was queued is issued without a read: the handoff's

@@ -286,17 +286,22 @@ func (r *registry) issuerSees(name string) *locksv1.LockGrant {
 	return nil
 }
 
-// readAroundCache is the issuer's uncached read of a LockGrant.
-func (r *registry) readAroundCache(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) {
-	lg := r.find(cached.Name)
-	if lg == nil {
-		return nil, nil
+// readAroundCache is the issuer's uncached read of LockGrants (the
+// reconciler reads them at once; here one after another, in order).
+func (r *registry) readAroundCache(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error) {
+	out := make([]*locksv1.LockGrant, len(cached))
+	for i, c := range cached {
+		lg := r.find(c.Name)
+		if lg == nil {
+			continue
+		}
+		if !r.cacheLagUntil.IsZero() && lg.ResourceVersion != c.ResourceVersion {
+			r.w.res.StaleGrantsRead++
+			r.w.tracef("registry: the issuer's cache shows %s at resourceVersion %s, the API server %s", c.Name, c.ResourceVersion, lg.ResourceVersion)
+		}
+		out[i] = lg.DeepCopy()
 	}
-	if !r.cacheLagUntil.IsZero() && lg.ResourceVersion != cached.ResourceVersion {
-		r.w.res.StaleGrantsRead++
-		r.w.tracef("registry: the issuer's cache shows %s at resourceVersion %s, the API server %s", cached.Name, cached.ResourceVersion, lg.ResourceVersion)
-	}
-	return lg.DeepCopy(), nil
+	return out, nil
 }
 
 // clockAdvanced runs what the passing of time triggers: a new leader after an

@@ -35,7 +35,7 @@ func heldWithArrivals(t *testing.T) (*locksv1.FencedResource, Input) {
 // that finds each request as cached (never granted).
 func mustDecide(t *testing.T, in Input) Decision {
 	t.Helper()
-	d, err := DecideConfirmed(&in, func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error) { return cached, nil })
+	d, err := DecideConfirmed(&in, func(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error) { return cached, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,5 +108,52 @@ func TestDecideQueuesArrivalsAfterQueueDelay(t *testing.T) {
 	in.Seen, in.SeenNow = Arrivals{}, time.Time{}
 	if d = mustDecide(t, in); !d.StatusChanged || len(d.Status.Queue) != 2 {
 		t.Fatalf("without SeenNow: changed %t, queue %v", d.StatusChanged, queueNames(d))
+	}
+}
+
+// A decision's reads around the cache come in one call (the reconciler makes
+// them at once), in the decision's order; what they find is decided again.
+func TestDecideConfirmedReadsArrivalsTogether(t *testing.T) {
+	_, in := heldWithArrivals(t)
+	var calls [][]string
+	readAs := func(found func(*locksv1.LockGrant) *locksv1.LockGrant) ReadGrants {
+		return func(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error) {
+			var names []string
+			out := make([]*locksv1.LockGrant, len(cached))
+			for i, c := range cached {
+				names = append(names, c.Name)
+				out[i] = found(c)
+			}
+			calls = append(calls, names)
+			return out, nil
+		}
+	}
+	if _, err := DecideConfirmed(&in, readAs(func(c *locksv1.LockGrant) *locksv1.LockGrant { return c })); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 1 || !slices.Equal(calls[0], []string{"c", "b"}) {
+		t.Fatalf("reads %v, want one call for c and b", calls)
+	}
+
+	// b is gone at the API server, and c was granted by a pass the cache
+	// missed: neither is queued or deferred, and nothing is read twice.
+	calls = nil
+	_, in = heldWithArrivals(t)
+	d, err := DecideConfirmed(&in, readAs(func(c *locksv1.LockGrant) *locksv1.LockGrant {
+		if c.Name == "b" {
+			return nil
+		}
+		granted := c.DeepCopy()
+		granted.Status.Phase, granted.Status.Grant = locksv1.PhaseHeld, &locksv1.GrantDocument{}
+		return granted
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 1 {
+		t.Fatalf("reads %v, want one call", calls)
+	}
+	if len(d.Status.Queue) != 0 || len(d.Deferred.FirstSeen) != 0 {
+		t.Fatalf("queue %v, deferred %+v: a gone and a granted request are not waiting", queueNames(d), d.Deferred)
 	}
 }

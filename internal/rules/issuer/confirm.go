@@ -9,9 +9,12 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// ReadGrant reads a LockGrant around the issuer's cache (from the API
-// server): nil and no error when it is gone.
-type ReadGrant func(cached *locksv1.LockGrant) (*locksv1.LockGrant, error)
+// ReadGrants reads LockGrants around the issuer's cache (from the API
+// server): one result per request, in order, nil for one that is gone. A
+// decision that queues several arrivals asks for them in one call, so the
+// caller may read them at once: the pass (and a release that waits for it)
+// then takes one round trip, not one per arrival.
+type ReadGrants func(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error)
 
 // maxConfirmRounds bounds how often a cache that keeps disagreeing with the
 // API server is read around before the reconcile fails and is retried.
@@ -23,39 +26,51 @@ const maxConfirmRounds = 3
 // grant must not earn a LockGrant a second fence, so when a read disagrees
 // the decision is made again from what was read, which in.Grants then holds.
 // A queued head was confirmed when it was queued: a handoff reads nothing.
-func DecideConfirmed(in *Input, read ReadGrant) (Decision, error) {
+func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 	confirmed := map[types.UID]bool{}
 	for round := 0; ; round++ {
 		d, err := Decide(*in)
 		if err != nil || len(d.Unconfirmed) == 0 {
 			return confirmDeferred(d), err
 		}
-		changed := false
+		// Each LockGrant once: a cache that lags may hold a name twice (a
+		// request and its re-creation), and the decision lists it twice.
+		var ask []*locksv1.LockGrant
 		for _, name := range d.Unconfirmed {
 			i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
 			cached := &in.Grants[i]
-			if confirmed[cached.UID] {
-				continue
+			if !confirmed[cached.UID] && !slices.ContainsFunc(ask, func(a *locksv1.LockGrant) bool { return a.UID == cached.UID }) {
+				ask = append(ask, cached.DeepCopy())
 			}
-			fresh, err := read(cached)
+		}
+		if len(ask) == 0 {
+			return confirmDeferred(d), nil
+		}
+		fresh, err := read(ask)
+		if err != nil {
+			return Decision{}, err
+		}
+		if len(fresh) != len(ask) {
+			return Decision{}, fmt.Errorf("read %d LockGrants around the cache for %d asked", len(fresh), len(ask))
+		}
+		grants, changed := slices.Clone(in.Grants), false
+		for k, cached := range ask {
+			i := slices.IndexFunc(grants, func(lg locksv1.LockGrant) bool { return lg.UID == cached.UID })
 			switch {
-			case err != nil:
-				return Decision{}, err
-			case fresh == nil:
-				in.Grants = slices.Delete(slices.Clone(in.Grants), i, i+1)
+			case fresh[k] == nil:
+				grants = slices.Delete(grants, i, i+1)
 				changed = true
-			case neverGranted(cached, fresh):
+			case neverGranted(cached, fresh[k]):
 				confirmed[cached.UID] = true
 			default:
-				grants := slices.Clone(in.Grants)
-				grants[i] = *fresh
-				in.Grants = grants
+				grants[i] = *fresh[k]
 				changed = true
 			}
 		}
 		if !changed {
 			return confirmDeferred(d), nil
 		}
+		in.Grants = grants
 		if round == maxConfirmRounds {
 			return Decision{}, fmt.Errorf("the LockGrant cache keeps disagreeing with the API server about %v", d.Unconfirmed)
 		}
