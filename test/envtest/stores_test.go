@@ -52,6 +52,16 @@ var _ = Describe("publishing grants to a PostgreSQL store", Ordered, func() {
 		operatorDB, err = pgxpool.New(suiteCtx, srv.DSN(db)+" user=fk_operator")
 		Expect(err).NotTo(HaveOccurred())
 	})
+	// The store judges a grant's expiry by the database's clock, the real
+	// one; the issuer's is the suite's fake clock, which stands still between
+	// steps. Each spec starts with it caught up: in a suite that has run a
+	// while, a grant issued from a clock more than a lease behind is one the
+	// store already finds expired (NOT_HELD).
+	BeforeEach(func() {
+		if lag := time.Since(primary.clock.Now()); lag > 0 {
+			primary.step(lag)
+		}
+	})
 	AfterAll(func() {
 		for _, p := range []*pgxpool.Pool{workerDB, operatorDB} {
 			if p != nil {
