@@ -36,10 +36,11 @@ func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 		// Each LockGrant once: a cache that lags may hold a name twice (a
 		// request and its re-creation), and the decision lists it twice.
 		var ask []*locksv1.LockGrant
+		asked := map[types.UID]bool{}
 		for _, name := range d.Unconfirmed {
 			i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
-			cached := &in.Grants[i]
-			if !confirmed[cached.UID] && !slices.ContainsFunc(ask, func(a *locksv1.LockGrant) bool { return a.UID == cached.UID }) {
+			if cached := &in.Grants[i]; !confirmed[cached.UID] && !asked[cached.UID] {
+				asked[cached.UID] = true
 				ask = append(ask, cached.DeepCopy())
 			}
 		}
