@@ -14,9 +14,11 @@
 //     stale view could issue a fence twice) → decide (issuer.Decide, pure,
 //     confirmed by issuer.DecideConfirmed's reads around the cache) → commit
 //     (one compare-and-swap of the FencedResource status, the only place a
-//     fence is allocated) → mirror (Events, then the LockGrant statuses of the
-//     handoff, then a bounded share of the bookkeeping: the other statuses and
-//     finalizers). A new Held or Pending phase is mirrored late
+//     fence is allocated) → mirror (Events, then the LockGrant writes handed
+//     to the grantWriter, grant_writer.go, which writes them outside the
+//     resource's pass: the ended grants' statuses, then the new holder's,
+//     then the bookkeeping of waiters and finalizers, a bounded share per
+//     turn). A new Held or Pending phase is mirrored late
 //     (status_mirror.go), arrivals that are the only change are deferred
 //     (arrivals.go).
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust

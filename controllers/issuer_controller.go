@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -55,6 +54,7 @@ type IssuerReconciler struct {
 	MaxConcurrentReconciles int
 
 	statuses *statusMirror // which LockGrant statuses to write now (status_mirror.go)
+	writer   *grantWriter  // writes them outside the lock's pass (grant_writer.go)
 	// arrivals: waiters whose registry queue entry was deferred (arrivals.go)
 	arrivals deferredArrivals
 }
@@ -69,6 +69,10 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		name = "grant-issuer"
 	}
 	r.statuses = newStatusMirror(time.Now)
+	r.writer = newGrantWriter(max(r.MaxConcurrentReconciles, 1), r.writeGrant)
+	if err := mgr.Add(r.writer); err != nil {
+		return err
+	}
 	toResource := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*locksv1.LockGrant).Spec.Resource}}}
 	})
@@ -77,6 +81,7 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		For(&locksv1.FencedResource{}).
 		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.statuses))).
 		WatchesRawSource(r.Identity.resyncSource(r.Client)).
+		WatchesRawSource(r.writer.issuerSource()).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
 			o.MaxConcurrentReconciles = max(r.MaxConcurrentReconciles, 1)
@@ -108,6 +113,9 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := r.Identity.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
+	if r.writer.endsBehind(req.NamespacedName) >= maxEndsBehind {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
 	in, found, err := r.gather(ctx, req.NamespacedName)
 	if err != nil || !found {
 		r.arrivals.forget(req.NamespacedName)
@@ -133,7 +141,7 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
 	r.arrivals.set(req.NamespacedName, d.Deferred)
-	return r.mirror(ctx, &in, &d)
+	return r.mirror(req.NamespacedName, &in, &d), nil
 }
 
 // gather reads the FencedResource, its active LockGrants (from the cache's
@@ -234,9 +242,9 @@ func (r *IssuerReconciler) commit(ctx context.Context, fr *locksv1.FencedResourc
 }
 
 // mirror records a committed decision: its Events first (nothing later may
-// lose them), then the handoff's LockGrant statuses in the decided order (the
-// holder's end before the new holder), then a bounded batch of bookkeeping.
-func (r *IssuerReconciler) mirror(ctx context.Context, in *issuer.Input, d *issuer.Decision) (ctrl.Result, error) {
+// lose them), then hands its LockGrant writes to the writer, which writes
+// them while the next decision on this resource may already run.
+func (r *IssuerReconciler) mirror(key types.NamespacedName, in *issuer.Input, d *issuer.Decision) ctrl.Result {
 	fr := in.Resource
 	byName := map[string]*locksv1.LockGrant{}
 	byUID := map[string]*locksv1.LockGrant{}
@@ -252,51 +260,47 @@ func (r *IssuerReconciler) mirror(ctx context.Context, in *issuer.Input, d *issu
 		r.Recorder.Eventf(regarding, fr, e.Type, e.Reason, e.Reason, "%s", e.Note)
 	}
 	statuses, heldDue := r.statuses.due(d.GrantStatus, byName)
-	handoff, rest := splitHandoff(statuses, byName)
-	for _, c := range handoff {
-		lg := byName[c.Name]
-		if err := r.patchGrant(ctx, lg, true, func(lg *locksv1.LockGrant) { lg.Status = c.Status }); err != nil {
-			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-				return ctrl.Result{}, err
-			}
-			// Keep the order: nothing later is written before this one lands.
-			return ctrl.Result{RequeueAfter: conflictRetry}, nil
-		}
-		r.statuses.wrote(lg, c.Status)
-	}
-	retry, more, err := r.bookkeeping(ctx, bookkeepingWrites(rest, d, byName))
-	switch {
-	case err != nil:
-		return ctrl.Result{}, err
-	case retry:
-		return ctrl.Result{RequeueAfter: conflictRetry}, nil
-	case more:
-		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
-	}
+	r.writer.submit(key, planWrites(statuses, d, byName))
 	// A deferred phase is written at heldDue, unless the decision then ends it.
-	return ctrl.Result{RequeueAfter: soonest(d.RequeueAfter, heldDue)}, nil
+	return ctrl.Result{RequeueAfter: soonest(d.RequeueAfter, heldDue)}
 }
 
-// The bookkeeping of one pass (statuses of waiters and requests that never
-// held, finalizers) is bounded and written a few at a time: a pass is what a
-// release waits for, and a tenant queueing or deleting thousands of requests
-// on a lock must not make it long. What is left over is the next pass's.
+// The bookkeeping of one decision (statuses of waiters and requests that
+// never held, finalizers) is written a few at a time and bounded per turn: a
+// tenant queueing or deleting thousands of requests on a lock must not hold
+// up the writes of other resources. What is left over waits for another turn.
 const (
 	bookkeepingPerPass  = 16
 	bookkeepingParallel = 4
 )
 
-// splitHandoff separates the statuses whose order matters (a holder's end and
-// the new holder: the ended one lands first) from the rest, keeping order.
-func splitHandoff(statuses []issuer.GrantStatus, byName map[string]*locksv1.LockGrant) (handoff, rest []issuer.GrantStatus) {
+// planWrites orders a decision's LockGrant writes: the final statuses of the
+// grants the registry ended, then the holder's status (so a LockGrant never
+// shows Held while the grant before it still does), then the bookkeeping
+// (waiters, requests that never held, finalizers).
+func planWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[string]*locksv1.LockGrant) grantPlan {
+	ended := map[string]bool{}
+	for _, e := range d.Status.RecentlyEnded {
+		ended[e.GrantUID] = true
+	}
+	var ends, holder, rest []issuer.GrantStatus
 	for _, c := range statuses {
-		if lg := byName[c.Name]; c.Status.Phase == locksv1.PhaseHeld || (lg != nil && lg.Status.Phase == locksv1.PhaseHeld) {
-			handoff = append(handoff, c)
-		} else {
+		lg := byName[c.Name]
+		wasHeld := lg != nil && lg.Status.Phase == locksv1.PhaseHeld
+		switch now := c.Status.Phase; {
+		case now.Terminal() && (wasHeld || (lg != nil && ended[string(lg.UID)])):
+			ends = append(ends, c)
+		case now == locksv1.PhaseHeld || wasHeld:
+			holder = append(holder, c)
+		default:
 			rest = append(rest, c)
 		}
 	}
-	return handoff, rest
+	return grantPlan{
+		ends:        bookkeepingWrites(ends, nil, byName),
+		holder:      bookkeepingWrites(holder, nil, byName),
+		bookkeeping: bookkeepingWrites(rest, d, byName),
+	}
 }
 
 // grantWrite is a bookkeeping write to a LockGrant: its status (when status
@@ -314,7 +318,8 @@ type grantWrites struct {
 }
 
 // bookkeepingWrites groups the statuses, then the finalizer removals and
-// additions of a decision by LockGrant, in the order first met.
+// additions of a decision (d may be nil: none), by LockGrant, in the order
+// first met.
 func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[string]*locksv1.LockGrant) []grantWrites {
 	var out []grantWrites
 	at := map[string]int{}
@@ -333,6 +338,9 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 		st := c.Status
 		add(c.Name, grantWrite{status: &st, mutate: func(lg *locksv1.LockGrant) { lg.Status = st }})
 	}
+	if d == nil {
+		return out
+	}
 	for _, name := range d.RemoveFinalizer {
 		add(name, grantWrite{mutate: removeFinalizer})
 	}
@@ -342,37 +350,19 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 	return out
 }
 
-// bookkeeping writes to up to bookkeepingPerPass LockGrants,
-// bookkeepingParallel at a time (one LockGrant's writes in order). retry: a
-// write met a conflict; more: some LockGrants were left for the next pass.
-func (r *IssuerReconciler) bookkeeping(ctx context.Context, grants []grantWrites) (retry, more bool, err error) {
-	if more = len(grants) > bookkeepingPerPass; more {
-		grants = grants[:bookkeepingPerPass]
-	}
-	errs := make([]error, len(grants))
-	sem := make(chan struct{}, bookkeepingParallel)
-	var wg sync.WaitGroup
-	for i, g := range grants {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			errs[i] = r.writeGrant(ctx, g)
-		}()
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if retry, err = retryable(retry, e); err != nil {
-			return false, false, err
-		}
-	}
-	return retry, more, nil
-}
-
-// writeGrant applies one LockGrant's bookkeeping writes in order, stopping at
-// the first that fails.
+// writeGrant applies one LockGrant's writes in order, stopping at the first
+// that fails. A status this issuer wrote since the view it was planned from
+// is not written again (a plan made from a cache that lagged this issuer's
+// own writes).
 func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error {
-	for _, w := range g.writes {
+	skip := make([]bool, len(g.writes))
+	for i, w := range g.writes {
+		skip[i] = w.status != nil && r.statuses.landedSince(g.lg, *w.status)
+	}
+	for i, w := range g.writes {
+		if skip[i] {
+			continue
+		}
 		if err := r.patchGrant(ctx, g.lg, w.status != nil, w.mutate); err != nil {
 			return err
 		}

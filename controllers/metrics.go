@@ -29,6 +29,9 @@ var (
 	uncachedGrantReads = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_issuer_uncached_grant_reads_total",
 		Help: "LockGrants read around the cache to confirm they were never granted before they are queued or issued."})
+	lockGrantWriteBacklog = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fencekeeper_issuer_lockgrant_write_backlog",
+		Help: "FencedResources whose committed decisions still have LockGrant statuses or finalizers to write."})
 	grantsCollected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_lockgrants_collected_total",
 		Help: "Ended LockGrants deleted after the retention (--ended-grant-retention)."})
@@ -80,7 +83,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
-		registryWrites, casConflicts, uncachedGrantReads, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo,
+		registryWrites, casConflicts, uncachedGrantReads, lockGrantWriteBacklog, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo,
 		storePublications, storePublishDuration, storesFailing)
 	v := version.Get()
 	buildInfo.WithLabelValues(v.Version, v.Commit).Set(1)

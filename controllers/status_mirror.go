@@ -137,6 +137,14 @@ func (f *statusMirror) ownEcho(lg *locksv1.LockGrant) bool {
 	return ok && l.resourceVersion == lg.ResourceVersion
 }
 
+// landedSince reports whether status was written to lg after lg, the view a
+// plan was made from.
+func (f *statusMirror) landedSince(lg *locksv1.LockGrant, status locksv1.LockGrantStatus) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.alreadyLanded(issuer.GrantStatus{Name: lg.Name, Status: status}, lg, f.now())
+}
+
 // alreadyLanded reports whether s was written already and lg, the cache's
 // view, is older than that write: a final status is never written twice,
 // and another status only when it says something new.

@@ -413,7 +413,82 @@ var _ = Describe("the lock registry", func() {
 		Expect(held.Status.Digest).To(Equal(fr.Status.Holder.Digest))
 		Expect(getFR(ns, "batch").Status.FenceToken).To(Equal(int64(1)))
 	})
+
+	It("decides a release while the LockGrant statuses of the handoff before it are still being written", func() {
+		// LockGrant status writes hang until the gate opens, as on an API
+		// server a tenant loads. A pass that wrote them itself held the next
+		// release up until they landed.
+		primary.stop()
+		gate := make(chan struct{})
+		var blocked atomic.Int32
+		slow := startOperator("held-up-statuses", issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
+			return &gatedGrantStatusWrites{Client: c, gate: gate, blocked: &blocked}
+		}})
+		DeferCleanup(slow.stop)
+		DeferCleanup(func() {
+			select {
+			case <-gate:
+			default:
+				close(gate)
+			}
+		})
+		holder := func() string {
+			if h := getFR(ns, "batch").Status.Holder; h != nil {
+				return h.Owner
+			}
+			return ""
+		}
+		newFencedResource(ns, "batch", 30)
+		a := request(ns, "batch", "worker-a", "a")
+		Eventually(holder).Should(Equal("worker-a"))
+		b := request(ns, "batch", "worker-b", "b")
+		c := request(ns, "batch", "worker-c", "c")
+		Eventually(func() int { return len(getFR(ns, "batch").Status.Queue) }).Should(Equal(2))
+
+		release(a)
+		Eventually(holder).Should(Equal("worker-b"))
+		Eventually(blocked.Load).Should(BeNumerically(">=", 1), "a's Released status is on its way")
+		release(b)
+		Eventually(holder, 10*time.Second).Should(Equal("worker-c"), "b's release waited for a's status write")
+		Expect(getGrant(ns, a.Name).Status.Phase).NotTo(Equal(locksv1.PhaseReleased), "a's status has not landed")
+
+		close(gate)
+		waitPhase(a, locksv1.PhaseReleased)
+		waitPhase(b, locksv1.PhaseReleased)
+		waitPhase(c, locksv1.PhaseHeld)
+		Expect(getGrant(ns, c.Name).Status.Grant.FenceToken).To(Equal(int64(3)))
+		Expect(heldGrants(ns)).To(ConsistOf(c.Name))
+	})
 })
+
+// gatedGrantStatusWrites holds every LockGrant status write until gate closes.
+type gatedGrantStatusWrites struct {
+	client.Client
+	gate    chan struct{}
+	blocked *atomic.Int32
+}
+
+func (g *gatedGrantStatusWrites) Status() client.SubResourceWriter {
+	return &gatedStatus{SubResourceWriter: g.Client.Status(), gate: g.gate, blocked: g.blocked}
+}
+
+type gatedStatus struct {
+	client.SubResourceWriter
+	gate    chan struct{}
+	blocked *atomic.Int32
+}
+
+func (g *gatedStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if _, ok := obj.(*locksv1.LockGrant); ok {
+		g.blocked.Add(1)
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
 
 // failGrantStatusWrites fails every LockGrant status write, as a process that
 // crashed right after its FencedResource compare-and-swap would.
