@@ -352,13 +352,14 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 
 // writeGrant applies one LockGrant's writes in order, stopping at the first
 // that fails. A status this issuer wrote since the view it was planned from
-// is not written again (a plan made from a cache that lagged this issuer's
-// own writes).
+// is not written again, and the rest apply on top of it (statusMirror.rebase):
+// a plan made from a cache that lagged this issuer's own writes.
 func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error {
 	skip := make([]bool, len(g.writes))
 	for i, w := range g.writes {
 		skip[i] = w.status != nil && r.statuses.landedSince(g.lg, *w.status)
 	}
+	r.statuses.rebase(g.lg)
 	for i, w := range g.writes {
 		if skip[i] {
 			continue

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strconv"
 	"sync"
 	"time"
 
@@ -143,6 +144,29 @@ func (f *statusMirror) landedSince(lg *locksv1.LockGrant, status locksv1.LockGra
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.alreadyLanded(issuer.GrantStatus{Name: lg.Name, Status: status}, lg, f.now())
+}
+
+// rebase moves lg, the view a plan was made from, onto the status this
+// issuer wrote to it since, when the cache had not shown that write yet: the
+// planned write then applies to what is stored instead of failing on the
+// older resourceVersion (a Held mirror landing just as its holder releases),
+// and a write by anyone else since still fails it.
+func (f *statusMirror) rebase(lg *locksv1.LockGrant) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.landed[lg.UID]
+	if !ok || f.now().Sub(l.at) > landedMemory || !newerVersion(l.resourceVersion, lg.ResourceVersion) {
+		return
+	}
+	lg.ResourceVersion, lg.Status = l.resourceVersion, *l.status.DeepCopy()
+}
+
+// newerVersion reports whether resourceVersion a is known to be newer than
+// b. The API server's are etcd revisions; anything else is not compared.
+func newerVersion(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	return errA == nil && errB == nil && x > y
 }
 
 // alreadyLanded reports whether s was written already and lg, the cache's

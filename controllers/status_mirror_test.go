@@ -239,3 +239,38 @@ func TestNotOwnEcho(t *testing.T) {
 		t.Fatal("create or delete events filtered")
 	}
 }
+
+// A plan made from a view older than this issuer's own write applies on top
+// of that write; a view as new or newer, or a write long ago, is left alone.
+func TestStatusMirrorRebase(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := newStatusMirror(func() time.Time { return now })
+	view := func(rv string) *locksv1.LockGrant {
+		lg := &locksv1.LockGrant{}
+		lg.UID, lg.ResourceVersion, lg.Status.Phase = "uid-a", rv, locksv1.PhasePending
+		return lg
+	}
+	written := view("10")
+	written.Status.Phase = locksv1.PhaseHeld
+	f.wrote(written, written.Status)
+
+	for _, c := range []struct {
+		rv, wantRV string
+		wantPhase  locksv1.LockGrantPhase
+	}{
+		{"9", "10", locksv1.PhaseHeld},     // the cache lagged our write: on top of it
+		{"12", "12", locksv1.PhasePending}, // someone wrote since: the view stands
+		{"x9", "x9", locksv1.PhasePending}, // not comparable
+	} {
+		lg := view(c.rv)
+		f.rebase(lg)
+		if lg.ResourceVersion != c.wantRV || lg.Status.Phase != c.wantPhase {
+			t.Errorf("view at %s rebased to %s %s, want %s %s", c.rv, lg.ResourceVersion, lg.Status.Phase, c.wantRV, c.wantPhase)
+		}
+	}
+	now = now.Add(landedMemory + time.Second)
+	lg := view("9")
+	if f.rebase(lg); lg.ResourceVersion != "9" {
+		t.Errorf("rebased onto a write %v old", landedMemory)
+	}
+}
