@@ -30,7 +30,9 @@
 // is), shared by every request of the Client for that resource and kept
 // open for a few seconds after the last one ends, so a worker that acquires
 // in a loop opens it once. Release is one merge patch of spec.release: no
-// read, no conflict.
+// read, no conflict; it returns on the registry's record of the grant's end
+// (status.recentlyEnded, written by the compare-and-swap that ends it) on
+// that same watch, or on the LockGrant's final status, whichever comes first.
 //
 // A lost create response is recovered by reading the LockGrant named
 // deterministically from the requestID — never by creating a second identity.

@@ -220,3 +220,29 @@ func TestFeedWaitPrefersADeliveredRecord(t *testing.T) {
 		t.Fatal("a record out of nothing")
 	}
 }
+
+// A release's wait on the same watch is woken by the registry's record of its
+// grant's end, not by the holder record, and shares the watch with acquires.
+func TestFeedDeliversTheEndRecord(t *testing.T) {
+	wc, c := newWatchingClient()
+	ending, leaveEnding := c.awaitEnd("batch", "uid-a")
+	defer leaveEnding()
+	next, leaveNext := c.awaitHolder("batch", "uid-b")
+	defer leaveNext()
+	w := <-wc.opened
+	w.Modify(holding("uid-a"))
+	quiet(t, ending)
+	ended := holding("uid-b")
+	ended.Status.RecentlyEnded = []locksv1.EndedGrant{{GrantUID: "uid-z", Phase: locksv1.PhaseExpired}, {GrantUID: "uid-a", Phase: locksv1.PhaseReleased}}
+	w.Modify(ended)
+	if fr := receive(t, ending); fr.Status.RecentlyEnded[1].GrantUID != "uid-a" {
+		t.Fatalf("the end wait got %+v", fr.Status.RecentlyEnded)
+	}
+	if e, ok := endRecord(ended, "uid-a"); !ok || e.Phase != locksv1.PhaseReleased {
+		t.Fatalf("endRecord %+v %v", e, ok)
+	}
+	receive(t, next)
+	if n := wc.count(); n != 1 {
+		t.Fatalf("%d watches for one resource", n)
+	}
+}

@@ -38,12 +38,23 @@ type registryFeed struct {
 }
 
 // holderWait is one request waiting for the holder record to name its
-// LockGrant. Every state the watch delivers is checked, so a record that
-// names it is never skipped for a newer one.
+// LockGrant (or, with end, for the record of its grant's end). Every state
+// the watch delivers is checked, so a record that names it is never skipped
+// for a newer one.
 type holderWait struct {
 	uid  types.UID
+	end  bool                         // wait for recentlyEnded to name uid, not the holder record
 	held chan *locksv1.FencedResource // the first state naming uid (buffer 1)
 	lost chan struct{}                // closed when the registry cannot be watched
+}
+
+// matches reports whether fr has the record w waits for.
+func (w *holderWait) matches(fr *locksv1.FencedResource) bool {
+	if w.end {
+		_, ok := endRecord(fr, w.uid)
+		return ok
+	}
+	return namesGrant(fr, w.uid)
 }
 
 // wait returns the state naming the request once delivered; nil when the
@@ -69,6 +80,17 @@ func (w *holderWait) wait(ctx context.Context) *locksv1.FencedResource {
 // starting the resource's watch unless one is open, and returns the wait and
 // the function that ends it (call it once, whatever the outcome).
 func (c *Client) awaitHolder(resource string, uid types.UID) (*holderWait, func()) {
+	return c.await(resource, &holderWait{uid: uid})
+}
+
+// awaitEnd registers a wait for the registry's record of the end of uid's
+// grant (status.recentlyEnded), as awaitHolder does for its holder record.
+func (c *Client) awaitEnd(resource string, uid types.UID) (*holderWait, func()) {
+	return c.await(resource, &holderWait{uid: uid, end: true})
+}
+
+func (c *Client) await(resource string, w *holderWait) (*holderWait, func()) {
+	w.held, w.lost = make(chan *locksv1.FencedResource, 1), make(chan struct{})
 	r := &c.registry
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -86,9 +108,8 @@ func (c *Client) awaitHolder(resource string, uid types.UID) (*holderWait, func(
 		f.linger.Stop() // if it fired already, retire sees this waiter and keeps the feed
 		f.linger = nil
 	}
-	w := &holderWait{uid: uid, held: make(chan *locksv1.FencedResource, 1), lost: make(chan struct{})}
 	f.waiters[w] = struct{}{}
-	if f.last != nil && namesGrant(f.last, uid) {
+	if f.last != nil && w.matches(f.last) {
 		w.held <- f.last
 	}
 	return w, func() { c.leaveFeed(f, w) }
@@ -141,14 +162,14 @@ func (c *Client) watchRegistry(ctx context.Context, f *registryFeed) {
 	}
 }
 
-// deliver hands fr to every waiter whose LockGrant its holder record names.
+// deliver hands fr to every waiter whose record it has.
 func (c *Client) deliver(f *registryFeed, fr *locksv1.FencedResource) {
 	r := &c.registry
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f.last = fr
 	for w := range f.waiters {
-		if namesGrant(fr, w.uid) {
+		if w.matches(fr) {
 			select {
 			case w.held <- fr:
 			default: // it has one already
@@ -180,4 +201,14 @@ func (c *Client) dropFeed(f *registryFeed) {
 func namesGrant(fr *locksv1.FencedResource, uid types.UID) bool {
 	h := fr.Status.Holder
 	return h != nil && uid != "" && h.GrantUID == string(uid)
+}
+
+// endRecord is the registry's record of the end of uid's grant, if it has one.
+func endRecord(fr *locksv1.FencedResource, uid types.UID) (locksv1.EndedGrant, bool) {
+	for _, e := range fr.Status.RecentlyEnded {
+		if uid != "" && e.GrantUID == string(uid) {
+			return e, true
+		}
+	}
+	return locksv1.EndedGrant{}, false
 }

@@ -234,11 +234,17 @@ func (l *Lock) notifyStateChange(s State) {
 }
 
 // Release gives the resource up and waits until the issuer confirms it. Unlike
-// Orphan it tells the issuer, so the next waiter is served at once.
+// Orphan it tells the issuer, so the next waiter is served at once. The
+// confirmation is the registry's record of the end, written by the
+// compare-and-swap that ends the grant (or the LockGrant's final status, which
+// the issuer writes after it, when the registry cannot be followed).
 func (l *Lock) Release(ctx context.Context) error {
 	if l.ended() {
 		return l.Err()
 	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	l.followEnd(rctx) // before the release is sent: its end cannot be missed
 	if err := l.requestRelease(ctx); err != nil {
 		return err
 	}
@@ -251,6 +257,31 @@ func (l *Lock) Release(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// followEnd ends the lock on the registry's record of its grant's end, once
+// the registry's watch delivers it, until ctx ends.
+func (l *Lock) followEnd(ctx context.Context) {
+	l.mu.Lock()
+	uid := l.view.UID
+	l.mu.Unlock()
+	w, leave := l.c.awaitEnd(l.resource, uid)
+	go func() {
+		defer leave()
+		fr := w.wait(ctx)
+		if fr == nil {
+			return
+		}
+		e, _ := endRecord(fr, uid)
+		why := ""
+		if e.Phase != locksv1.PhaseReleased {
+			why = "the registry ended the grant: " + e.Reason
+		}
+		l.advance(Event{Kind: EventObserved, Phase: e.Phase, Confirmed: true, Why: why})
+		if l.ended() && l.cancel != nil {
+			l.cancel() // nothing more to follow
+		}
+	}()
 }
 
 // requestRelease sets spec.release with one merge patch: no read, no
