@@ -1,19 +1,28 @@
 package controllers
 
 import (
+	"context"
+	"slices"
 	"sync"
 
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
 )
 
 // deferredArrivals keeps, per FencedResource, the arrivals its last committed
-// decision left out of the registry queue (issuer.QueueDelay), for the next
-// decision. Losing it costs only a read: the next decision confirms them again.
+// decision left out of the registry queue (issuer.QueueDelay and
+// issuer.Decision.Confirm), for the next decision, and confirms the held
+// ones with reads around the cache outside the resource's pass. Losing it
+// costs only reads: the next decision confirms them again.
 type deferredArrivals struct {
-	mu sync.Mutex
-	by map[types.NamespacedName]issuer.Arrivals
+	mu      sync.Mutex
+	by      map[types.NamespacedName]issuer.Arrivals
+	reading map[types.UID]bool // arrivals a confirmation read is under way for
 }
 
 func (a *deferredArrivals) get(key types.NamespacedName) issuer.Arrivals {
@@ -22,7 +31,9 @@ func (a *deferredArrivals) get(key types.NamespacedName) issuer.Arrivals {
 	return a.by[key]
 }
 
-// set keeps what a committed decision deferred (nothing: forget).
+// set keeps what a committed decision deferred (nothing: forget). A
+// confirmation that landed while the decision was made, in the same chain,
+// is kept.
 func (a *deferredArrivals) set(key types.NamespacedName, deferred issuer.Arrivals) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -33,7 +44,86 @@ func (a *deferredArrivals) set(key types.NamespacedName, deferred issuer.Arrival
 	if a.by == nil {
 		a.by = map[types.NamespacedName]issuer.Arrivals{}
 	}
+	if old := a.by[key]; old.Since != "" && old.Since == deferred.Since {
+		var landed []types.UID
+		for uid, ok := range old.Confirmed {
+			if ok && !deferred.Confirmed[uid] {
+				landed = append(landed, uid)
+			}
+		}
+		deferred = deferred.Confirm(deferred.Since, landed)
+	}
 	a.by[key] = deferred
 }
 
 func (a *deferredArrivals) forget(key types.NamespacedName) { a.set(key, issuer.Arrivals{}) }
+
+// maxConfirmReads bounds the confirmation reads in flight across resources.
+const maxConfirmReads = 16
+
+// confirmLater reads the arrivals a committed decision held back
+// (issuer.Decision.Confirm) around the cache, outside the resource's pass,
+// records those never granted in the memory's chain they were asked in, and
+// asks for a new decision. An arrival already being read is not read twice.
+func (r *IssuerReconciler) confirmLater(ctx context.Context, key types.NamespacedName, in *issuer.Input, d *issuer.Decision) {
+	if len(d.Confirm) == 0 {
+		return
+	}
+	a := &r.arrivals
+	var ask []*locksv1.LockGrant
+	a.mu.Lock()
+	if a.reading == nil {
+		a.reading = map[types.UID]bool{}
+	}
+	for _, name := range d.Confirm {
+		i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
+		if i >= 0 && !a.reading[in.Grants[i].UID] {
+			a.reading[in.Grants[i].UID] = true
+			ask = append(ask, in.Grants[i].DeepCopy())
+		}
+	}
+	a.mu.Unlock()
+	if len(ask) == 0 {
+		return
+	}
+	since := d.Deferred.Since
+	go func() {
+		var mu sync.Mutex
+		var never []types.UID
+		g, gctx := errgroup.WithContext(ctx)
+		for _, c := range ask {
+			g.Go(func() error {
+				select {
+				case r.confirmSlots <- struct{}{}:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+				defer func() { <-r.confirmSlots }()
+				uncachedGrantReads.Inc()
+				var fresh locksv1.LockGrant
+				if err := r.APIReader.Get(gctx, client.ObjectKeyFromObject(c), &fresh); err != nil {
+					return client.IgnoreNotFound(err) // gone: the next decision drops it
+				}
+				if issuer.NeverGranted(c, &fresh) {
+					mu.Lock()
+					never = append(never, c.UID)
+					mu.Unlock()
+				}
+				return nil
+			})
+		}
+		err := g.Wait()
+		a.mu.Lock()
+		for _, c := range ask {
+			delete(a.reading, c.UID)
+		}
+		if cur, ok := a.by[key]; ok {
+			a.by[key] = cur.Confirm(since, never)
+		}
+		a.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "confirm arrivals around the cache", "fencedresource", key)
+		}
+		r.requeue.after(key, 0)
+	}()
+}

@@ -42,7 +42,7 @@ type grantWriter struct {
 	// planned and not yet written (maxEndsBehind).
 	behind map[types.NamespacedName]int
 
-	issuerQueue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
+	requeue *issuerRequeue
 }
 
 // maxEndsBehind bounds how many ended grants of one FencedResource may wait
@@ -61,23 +61,14 @@ type grantPlan struct {
 
 func (p grantPlan) empty() bool { return len(p.ends)+len(p.holder)+len(p.bookkeeping) == 0 }
 
-func newGrantWriter(workers int, write func(context.Context, grantWrites) error) *grantWriter {
+func newGrantWriter(workers int, requeue *issuerRequeue, write func(context.Context, grantWrites) error) *grantWriter {
 	return &grantWriter{
-		write: write, workers: max(workers, 1),
+		write: write, workers: max(workers, 1), requeue: requeue,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName](),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "lockgrant-writes"}),
 		plans:  map[types.NamespacedName]grantPlan{},
 		behind: map[types.NamespacedName]int{},
 	}
-}
-
-// issuerSource captures the issuer's queue, through which the writer asks
-// for a new decision.
-func (w *grantWriter) issuerSource() source.TypedSource[reconcile.Request] {
-	return source.TypedFunc[reconcile.Request](func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
-		w.issuerQueue.Store(&q)
-		return nil
-	})
 }
 
 // submit hands a committed decision's writes for key to the writer,
@@ -145,9 +136,9 @@ func (w *grantWriter) next(ctx context.Context) bool {
 	switch {
 	case err != nil && ctx.Err() == nil:
 		ctrl.LoggerFrom(ctx).Error(err, "write LockGrants", "fencedresource", key)
-		w.replan(key, 0) // with the issuer's backoff
+		w.requeue.backoff(key)
 	case retry:
-		w.replan(key, conflictRetry)
+		w.requeue.after(key, conflictRetry)
 	}
 	return true
 }
@@ -199,15 +190,30 @@ func (w *grantWriter) parallel(ctx context.Context, grants []grantWrites) (retry
 	return retry, nil
 }
 
-// replan asks the issuer to decide key again after a while (0: after the
-// issuer's failure backoff for it).
-func (w *grantWriter) replan(key types.NamespacedName, after time.Duration) {
-	q := w.issuerQueue.Load()
-	switch {
-	case q == nil:
-	case after == 0:
+// issuerRequeue is the issuer's work queue, captured from a source of the
+// controller, through which work done outside a reconcile (the writer's
+// conflicts, confirmations of arrivals) asks for a new decision.
+type issuerRequeue struct {
+	q atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
+}
+
+func (r *issuerRequeue) source() source.TypedSource[reconcile.Request] {
+	return source.TypedFunc[reconcile.Request](func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+		r.q.Store(&q)
+		return nil
+	})
+}
+
+// after asks for a decision of key after d (0: now).
+func (r *issuerRequeue) after(key types.NamespacedName, d time.Duration) {
+	if q := r.q.Load(); q != nil {
+		(*q).AddAfter(reconcile.Request{NamespacedName: key}, d)
+	}
+}
+
+// backoff asks for a decision of key after the issuer's failure backoff for it.
+func (r *issuerRequeue) backoff(key types.NamespacedName) {
+	if q := r.q.Load(); q != nil {
 		(*q).AddRateLimited(reconcile.Request{NamespacedName: key})
-	default:
-		(*q).AddAfter(reconcile.Request{NamespacedName: key}, after)
 	}
 }

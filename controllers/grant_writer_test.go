@@ -90,7 +90,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // writes are not held up behind it.
 func TestGrantWriterOrdersAndTakesTurns(t *testing.T) {
 	rec := &recordingWrites{}
-	w := newGrantWriter(1, rec.write)
+	w := newGrantWriter(1, &issuerRequeue{}, rec.write)
 	busy, quiet := types.NamespacedName{Namespace: "ns", Name: "busy"}, types.NamespacedName{Namespace: "ns", Name: "quiet"}
 	waiters := numbered("w", bookkeepingPerPass+4)
 	w.submit(busy, grantPlan{ends: writesTo("old", "short"), holder: writesTo("new"), bookkeeping: writesTo(waiters...)})
@@ -124,7 +124,7 @@ func TestGrantWriterOrdersAndTakesTurns(t *testing.T) {
 func TestGrantWriterNewerPlanReplacesWaitingOne(t *testing.T) {
 	gate := make(chan struct{})
 	rec := &recordingWrites{hold: map[string]chan struct{}{"first": gate}, held: make(chan string, 1)}
-	w := newGrantWriter(2, rec.write)
+	w := newGrantWriter(2, &issuerRequeue{}, rec.write)
 	key := types.NamespacedName{Namespace: "ns", Name: "lock"}
 	w.submit(key, grantPlan{ends: writesTo("first")})
 	defer startWriter(t, w)()
@@ -150,10 +150,11 @@ func TestGrantWriterNewerPlanReplacesWaitingOne(t *testing.T) {
 func TestGrantWriterConflictAsksForANewDecision(t *testing.T) {
 	conflict := apierrors.NewConflict(schema.GroupResource{Resource: "lockgrants"}, "old", fmt.Errorf("changed"))
 	rec := &recordingWrites{fail: map[string]error{"old": conflict}}
-	w := newGrantWriter(1, rec.write)
+	requeue := &issuerRequeue{}
+	w := newGrantWriter(1, requeue, rec.write)
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	defer q.ShutDown()
-	if err := w.issuerSource().Start(context.Background(), q); err != nil {
+	if err := requeue.source().Start(context.Background(), q); err != nil {
 		t.Fatal(err)
 	}
 	key := types.NamespacedName{Namespace: "ns", Name: "lock"}

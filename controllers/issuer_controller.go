@@ -55,6 +55,9 @@ type IssuerReconciler struct {
 
 	statuses *statusMirror // which LockGrant statuses to write now (status_mirror.go)
 	writer   *grantWriter  // writes them outside the lock's pass (grant_writer.go)
+	requeue  issuerRequeue // asks for a decision from outside a reconcile
+	// confirmSlots bounds the reads confirming arrivals (arrivals.go).
+	confirmSlots chan struct{}
 	// arrivals: waiters whose registry queue entry was deferred (arrivals.go)
 	arrivals deferredArrivals
 }
@@ -69,7 +72,8 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		name = "grant-issuer"
 	}
 	r.statuses = newStatusMirror(time.Now)
-	r.writer = newGrantWriter(max(r.MaxConcurrentReconciles, 1), r.writeGrant)
+	r.writer = newGrantWriter(max(r.MaxConcurrentReconciles, 1), &r.requeue, r.writeGrant)
+	r.confirmSlots = make(chan struct{}, maxConfirmReads)
 	if err := mgr.Add(r.writer); err != nil {
 		return err
 	}
@@ -81,7 +85,7 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		For(&locksv1.FencedResource{}).
 		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.statuses))).
 		WatchesRawSource(r.Identity.resyncSource(r.Client)).
-		WatchesRawSource(r.writer.issuerSource()).
+		WatchesRawSource(r.requeue.source()).
 		WithOptions(func() controller.Options {
 			o := controllerOptions(r.Name != "")
 			o.MaxConcurrentReconciles = max(r.MaxConcurrentReconciles, 1)
@@ -132,6 +136,7 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		}
 		return ctrl.Result{}, err
 	}
+	from := in.Resource.ResourceVersion
 	committed, err := r.commit(ctx, in.Resource, &d)
 	if err != nil || !committed {
 		r.arrivals.forget(req.NamespacedName)
@@ -140,7 +145,8 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		}
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	r.arrivals.set(req.NamespacedName, d.Deferred)
+	r.arrivals.set(req.NamespacedName, d.Deferred.Committed(from, in.Resource.ResourceVersion))
+	r.confirmLater(ctx, req.NamespacedName, &in, &d)
 	return r.mirror(req.NamespacedName, &in, &d), nil
 }
 
@@ -178,7 +184,7 @@ func (r *IssuerReconciler) gather(ctx context.Context, key types.NamespacedName)
 		Resource: fr, Grants: grants, HolderDeleted: holderDeleted, Now: r.Identity.clock.Now(),
 		Epoch: s.epoch, TakeoverAt: s.takeoverAt, RevokedBelow: s.revokedBelow, Signer: s.signer,
 		// Real time: the issuer's clock may be injected and stand still.
-		Seen: r.arrivals.get(key), SeenNow: time.Now(),
+		Seen: r.arrivals.get(key), SeenNow: time.Now(), ConfirmLater: true,
 	}, true, nil
 }
 

@@ -73,7 +73,13 @@ type registry struct {
 	staleGrants []locksv1.LockGrant
 	// seen is what the issuer's last committed decision deferred from the
 	// registry queue (issuer.QueueDelay); a new leader starts without it.
-	seen          issuer.Arrivals
+	seen issuer.Arrivals
+	// confirming are the arrivals a decision held back for reads outside
+	// it (issuer.Decision.Confirm), read at confirmAt, in the chain
+	// confirmSince: a release or an arrival may come in between.
+	confirming    []*locksv1.LockGrant
+	confirmAt     time.Time
+	confirmSince  string
 	cacheLagUntil time.Time
 	// mirrorLost: that many of the next committed decisions lose their
 	// LockGrant writes (FaultMirrorLost).
@@ -191,7 +197,7 @@ func (r *registry) reconcile() {
 	res, err := issuer.DecideConfirmed(&issuer.Input{
 		Resource: &r.fr, Grants: r.issuerCache(), Now: w.now,
 		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
-		Seen: r.seen, SeenNow: w.now,
+		Seen: r.seen, SeenNow: w.now, ConfirmLater: true,
 	}, r.readAroundCache)
 	r.seen = issuer.Arrivals{}
 	if err != nil {
@@ -201,11 +207,13 @@ func (r *registry) reconcile() {
 	if res.Superseded {
 		return
 	}
-	r.seen = res.Deferred
+	from := r.fr.ResourceVersion
 	if res.StatusChanged {
 		r.fr.Status = res.Status
 		r.frWritten()
 	}
+	r.seen = res.Deferred.Committed(from, r.fr.ResourceVersion)
+	r.confirmLater(res)
 	lost := r.mirrorLost > 0 && res.StatusChanged
 	if lost {
 		r.mirrorLost--
@@ -286,6 +294,46 @@ func (r *registry) issuerSees(name string) *locksv1.LockGrant {
 	return nil
 }
 
+// confirmReadDelay is how long the issuer's reads confirming held-back
+// arrivals take: long enough for a release or another arrival to come first.
+const confirmReadDelay = 3 * time.Millisecond
+
+// confirmLater starts the reads of the arrivals res held back, as the
+// reconciler does outside its pass (controllers' confirmLater); arrivals
+// held back while reads are under way are read with them.
+func (r *registry) confirmLater(res issuer.Decision) {
+	if len(res.Confirm) == 0 {
+		return
+	}
+	if r.confirmAt.IsZero() {
+		r.confirmAt, r.confirmSince = r.w.now.Add(confirmReadDelay), res.Deferred.Since
+	} else if r.confirmSince != res.Deferred.Since {
+		return // reads of another chain are under way; these are asked for again
+	}
+	for _, name := range res.Confirm {
+		if lg := r.issuerSees(name); lg != nil && !slices.ContainsFunc(r.confirming, func(c *locksv1.LockGrant) bool { return c.UID == lg.UID }) {
+			r.confirming = append(r.confirming, lg.DeepCopy())
+		}
+	}
+}
+
+// confirm completes the reads confirmLater started: the arrivals the API
+// server shows never granted are confirmed in the chain they were asked in,
+// and the issuer decides again.
+func (r *registry) confirm() {
+	ask, since := r.confirming, r.confirmSince
+	r.confirming, r.confirmAt, r.confirmSince = nil, time.Time{}, ""
+	fresh, _ := r.readAroundCache(ask)
+	var never []types.UID
+	for i, c := range ask {
+		if fresh[i] != nil && issuer.NeverGranted(c, fresh[i]) {
+			never = append(never, c.UID)
+		}
+	}
+	r.seen = r.seen.Confirm(since, never)
+	r.reconcile()
+}
+
 // readAroundCache is the issuer's uncached read of LockGrants (the
 // reconciler reads them at once; here one after another, in order).
 func (r *registry) readAroundCache(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error) {
@@ -316,6 +364,9 @@ func (r *registry) clockAdvanced() {
 		r.cacheLagUntil, r.staleGrants = time.Time{}, nil
 		r.reconcile()
 	}
+	if !r.confirmAt.IsZero() && !now.Before(r.confirmAt) {
+		r.confirm()
+	}
 	if !r.requeueAt.IsZero() && !now.Before(r.requeueAt) {
 		r.reconcile()
 	}
@@ -330,7 +381,7 @@ func (r *registry) clockAdvanced() {
 
 func (r *registry) nextEvent() time.Time {
 	next := time.Time{}
-	for _, t := range []time.Time{r.requeueAt, r.outageUntil, r.operatorDue, r.cacheLagUntil} {
+	for _, t := range []time.Time{r.requeueAt, r.confirmAt, r.outageUntil, r.operatorDue, r.cacheLagUntil} {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
 		}
@@ -344,6 +395,7 @@ func (r *registry) takeOver() {
 	r.epoch = max(r.epoch+1, r.revokedBelow)
 	r.takeoverAt = r.w.now
 	r.seen = issuer.Arrivals{}
+	r.confirming, r.confirmAt = nil, time.Time{} // the old leader's reads died with it
 	r.w.tracef("registry: issuer epoch %d takes over", r.epoch)
 	r.reconcile()
 }

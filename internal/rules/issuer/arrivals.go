@@ -33,6 +33,55 @@ type Arrivals struct {
 	// loses its own compare-and-swap).
 	ConfirmedAt string
 	Confirmed   map[types.UID]bool
+	// Since is the registry version the chain of ConfirmedAt began at: the
+	// caller moves ConfirmedAt along its own compare-and-swaps (Committed),
+	// and reads begun in one chain count only in that chain (Confirm).
+	Since string
+}
+
+// Committed moves the confirmations across the caller's compare-and-swap
+// from registry version from to to. The swap succeeded on from, so nobody
+// else wrote in between, and the decision it wrote issued none of the
+// arrivals it deferred: what was never granted at from is not at to either.
+func (a Arrivals) Committed(from, to string) Arrivals {
+	if a.ConfirmedAt != "" && a.ConfirmedAt == from {
+		a.ConfirmedAt = to
+	}
+	return a
+}
+
+// Confirm records the arrivals a read around the cache, begun while the
+// memory's chain was since, found never granted. A read of another chain
+// (the registry changed under someone else's write since) counts for
+// nothing: the arrival is read again.
+func (a Arrivals) Confirm(since string, neverGranted []types.UID) Arrivals {
+	if since == "" || a.Since != since {
+		return a
+	}
+	confirmed := make(map[types.UID]bool, len(a.Confirmed)+len(neverGranted))
+	for uid, ok := range a.Confirmed {
+		confirmed[uid] = ok
+	}
+	for _, uid := range neverGranted {
+		if _, waiting := a.FirstSeen[uid]; waiting {
+			confirmed[uid] = true
+		}
+	}
+	a.Confirmed = confirmed
+	return a
+}
+
+// chainStart is where the chain of d's confirmations begins: the previous
+// decision's chain when this one was made from the version it left, else
+// this decision's registry version.
+func chainStart(in *Input, d *Decision) string {
+	if len(d.Deferred.FirstSeen) == 0 {
+		return ""
+	}
+	if in.Seen.Since != "" && in.Seen.ConfirmedAt == in.Resource.ResourceVersion {
+		return in.Seen.Since
+	}
+	return in.Resource.ResourceVersion
 }
 
 // firstSeen is when the issuer first saw lg waiting: now, when it did not before.
@@ -83,6 +132,58 @@ func deferArrivals(v *view, d *Decision, arrivals []*locksv1.LockGrant) {
 	for _, lg := range arrivals {
 		d.Deferred.FirstSeen[lg.UID] = in.Seen.firstSeen(lg, in.SeenNow)
 	}
+	if d.RequeueAfter == 0 || due < d.RequeueAfter {
+		d.RequeueAfter = due
+	}
+}
+
+// holdUnconfirmed keeps arrivals only the cache vouches for out of the
+// registry queue while someone holds the lock, when the caller confirms
+// them outside the decision (Input.ConfirmLater): a decision that read them
+// held up every release that came meanwhile, and a tenant queueing on the
+// same lock made that most of the operator's share of a handoff. From the
+// first unconfirmed arrival on (FIFO), each waits for the caller's reads;
+// past QueueDelay they join with reads in the decision, as without it.
+func holdUnconfirmed(v *view, d *Decision, arrivals []*locksv1.LockGrant) {
+	in, st := v.in, &v.st
+	if !in.ConfirmLater || st.Holder == nil || in.SeenNow.IsZero() || len(d.Unconfirmed) == 0 {
+		return
+	}
+	unconfirmed := func(lg *locksv1.LockGrant) bool { return slices.Contains(d.Unconfirmed, lg.Name) }
+	// The head this decision issues is confirmed in it: it holds the lock.
+	arrivals = slices.DeleteFunc(slices.Clone(arrivals), func(lg *locksv1.LockGrant) bool { return lg.Name == d.IssuedTo })
+	first := slices.IndexFunc(arrivals, unconfirmed)
+	if first < 0 {
+		return
+	}
+	held := arrivals[first:]
+	due := time.Duration(0)
+	for _, lg := range held {
+		left := QueueDelay - in.SeenNow.Sub(in.Seen.firstSeen(lg, in.SeenNow))
+		if left <= 0 {
+			return // waited long enough: they join now, read in the decision
+		}
+		if due == 0 || left < due {
+			due = left
+		}
+	}
+	st.Queue = slices.DeleteFunc(st.Queue, func(q locksv1.QueuedGrant) bool {
+		return slices.ContainsFunc(held, func(lg *locksv1.LockGrant) bool { return q.GrantName == lg.Name })
+	})
+	if len(st.Queue) == 0 {
+		st.Queue = nil
+	}
+	if d.Deferred.FirstSeen == nil {
+		d.Deferred.FirstSeen = map[types.UID]time.Time{}
+	}
+	d.Deferred.ConfirmedAt = in.Resource.ResourceVersion
+	for _, lg := range held {
+		d.Deferred.FirstSeen[lg.UID] = in.Seen.firstSeen(lg, in.SeenNow)
+		if unconfirmed(lg) {
+			d.Confirm = append(d.Confirm, lg.Name)
+		}
+	}
+	d.Unconfirmed = slices.DeleteFunc(d.Unconfirmed, func(name string) bool { return slices.Contains(d.Confirm, name) })
 	if d.RequeueAfter == 0 || due < d.RequeueAfter {
 		d.RequeueAfter = due
 	}

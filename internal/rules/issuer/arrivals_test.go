@@ -157,3 +157,90 @@ func TestDecideConfirmedReadsArrivalsTogether(t *testing.T) {
 		t.Fatalf("queue %v, deferred %+v: a gone and a granted request are not waiting", queueNames(d), d.Deferred)
 	}
 }
+
+// decideWithoutReads decides as the reconciler does with ConfirmLater, and
+// fails the test if the decision reads anything but the names in allowed.
+func decideWithoutReads(t *testing.T, in Input, allowed ...string) Decision {
+	t.Helper()
+	in.ConfirmLater = true
+	d, err := DecideConfirmed(&in, func(cached []*locksv1.LockGrant) ([]*locksv1.LockGrant, error) {
+		for _, c := range cached {
+			if !slices.Contains(allowed, c.Name) {
+				t.Fatalf("the decision read %s around the cache; only %v may be read in it", c.Name, allowed)
+			}
+		}
+		return cached, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// With ConfirmLater, arrivals while the lock is held are left to the
+// caller's reads: no decision waits for them, a release that comes first
+// hands off to the confirmed waiter and keeps the unconfirmed one out, the
+// confirmation follows the issuer's own compare-and-swap, and a read of an
+// older chain counts for nothing.
+func TestDecideLeavesArrivalsToLaterReads(t *testing.T) {
+	f, in := heldWithArrivals(t)
+	d := decideWithoutReads(t, in)
+	if d.StatusChanged || len(d.Status.Queue) != 0 || len(d.Unconfirmed) != 0 {
+		t.Fatalf("arrivals: changed %t, queue %v, read in the decision %v", d.StatusChanged, queueNames(d), d.Unconfirmed)
+	}
+	if !slices.Equal(d.Confirm, []string{"c", "b"}) || len(d.Deferred.Confirmed) != 0 || d.Deferred.Since != "101" {
+		t.Fatalf("confirm %v, deferred %+v; want c and b left to the caller in the chain of 101", d.Confirm, d.Deferred)
+	}
+
+	// c's read lands; a releases before b's does.
+	in.Seen = d.Deferred.Confirm("101", []types.UID{"uid-c"})
+	in.Grants[0].Spec.Release = true
+	in.SeenNow = real0.Add(100 * time.Millisecond)
+	d = decideWithoutReads(t, in)
+	if h := d.Status.Holder; !d.StatusChanged || h == nil || h.GrantName != "c" || len(d.Status.Queue) != 0 {
+		t.Fatalf("handoff: holder %+v, queue %v; want c holding and b kept out", h, queueNames(d))
+	}
+	if !slices.Equal(d.Confirm, []string{"b"}) {
+		t.Fatalf("confirm %v, want [b]", d.Confirm)
+	}
+
+	// The handoff's compare-and-swap moved the registry to 102; b's read,
+	// begun in the chain of 101, lands; b joins with the next decision
+	// without a read.
+	f.Status = d.Status
+	f.ResourceVersion = "102"
+	in.Grants[0].Status.Phase = locksv1.PhaseReleased
+	in.Seen = d.Deferred.Committed("101", "102").Confirm("101", []types.UID{"uid-b"})
+	in.SeenNow = real0.Add(150 * time.Millisecond)
+	if in.Seen.ConfirmedAt != "102" || !in.Seen.Confirmed["uid-b"] {
+		t.Fatalf("memory after the swap and b's read: %+v", in.Seen)
+	}
+	d = decideWithoutReads(t, in)
+	if len(d.Confirm) != 0 || !d.Deferred.Confirmed["uid-b"] {
+		t.Fatalf("confirm %v, deferred %+v: b is confirmed at 102", d.Confirm, d.Deferred)
+	}
+
+	// Someone else wrote the registry (103): the chain is broken, b is read
+	// again, and a read from the old chain counts for nothing.
+	f.ResourceVersion = "103"
+	d = decideWithoutReads(t, in)
+	if !slices.Equal(d.Confirm, []string{"b"}) || d.Deferred.Since != "103" {
+		t.Fatalf("confirm %v, since %q after another writer; want b in a new chain", d.Confirm, d.Deferred.Since)
+	}
+	if got := d.Deferred.Confirm("101", []types.UID{"uid-b"}); got.Confirmed["uid-b"] {
+		t.Fatal("a read of the old chain confirmed b in the new one")
+	}
+}
+
+// When the lock is free, the arrival it is issued to is read in the
+// decision (nobody waits for it but the arrival); the one behind it is left
+// to the caller.
+func TestDecideReadsTheArrivalItIssuesTo(t *testing.T) {
+	_, in := heldWithArrivals(t)
+	in.Grants = in.Grants[1:] // a is gone: nobody holds
+	in.Resource.Status.Holder = nil
+	d := decideWithoutReads(t, in, "c")
+	if h := d.Status.Holder; h == nil || h.GrantName != "c" || !slices.Equal(d.Confirm, []string{"b"}) {
+		t.Fatalf("holder %+v, confirm %v", h, d.Confirm)
+	}
+}

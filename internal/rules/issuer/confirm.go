@@ -31,7 +31,7 @@ func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 	for round := 0; ; round++ {
 		d, err := Decide(*in)
 		if err != nil || len(d.Unconfirmed) == 0 {
-			return confirmDeferred(d), err
+			return confirmDeferred(d, in, confirmed), err
 		}
 		// Each LockGrant once: a cache that lags may hold a name twice (a
 		// request and its re-creation), and the decision lists it twice.
@@ -45,7 +45,7 @@ func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 			}
 		}
 		if len(ask) == 0 {
-			return confirmDeferred(d), nil
+			return confirmDeferred(d, in, confirmed), nil
 		}
 		fresh, err := read(ask)
 		if err != nil {
@@ -61,7 +61,7 @@ func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 			case fresh[k] == nil:
 				grants = slices.Delete(grants, i, i+1)
 				changed = true
-			case neverGranted(cached, fresh[k]):
+			case NeverGranted(cached, fresh[k]):
 				confirmed[cached.UID] = true
 			default:
 				grants[i] = *fresh[k]
@@ -69,7 +69,7 @@ func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 			}
 		}
 		if !changed {
-			return confirmDeferred(d), nil
+			return confirmDeferred(d, in, confirmed), nil
 		}
 		in.Grants = grants
 		if round == maxConfirmRounds {
@@ -78,21 +78,37 @@ func DecideConfirmed(in *Input, read ReadGrants) (Decision, error) {
 	}
 }
 
-// neverGranted: the API server holds the cached request, still waiting.
-func neverGranted(cached, fresh *locksv1.LockGrant) bool {
+// NeverGranted reports whether fresh, read around the cache, is the cached
+// request still waiting: the API server holds it and it was never granted.
+func NeverGranted(cached, fresh *locksv1.LockGrant) bool {
 	return fresh.UID == cached.UID && fresh.Status.Grant == nil && !fresh.Status.Phase.Terminal() &&
 		fresh.DeletionTimestamp == nil && !fresh.Spec.Release
 }
 
 // confirmDeferred marks the arrivals d deferred as confirmed: each was read
-// around the cache in this call, or confirmed at this registry version before.
-func confirmDeferred(d Decision) Decision {
+// around the cache in this call (confirmed), or confirmed at this registry
+// version before, except those left to the caller's reads (Decision.Confirm).
+func confirmDeferred(d Decision, in *Input, confirmed map[types.UID]bool) Decision {
 	if len(d.Deferred.FirstSeen) == 0 {
 		return d
 	}
+	d.Confirm = slices.DeleteFunc(d.Confirm, func(name string) bool {
+		i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
+		return i >= 0 && confirmed[in.Grants[i].UID]
+	})
+	later := map[types.UID]bool{}
+	for _, name := range d.Confirm {
+		for i := range in.Grants {
+			if in.Grants[i].Name == name {
+				later[in.Grants[i].UID] = true
+			}
+		}
+	}
 	d.Deferred.Confirmed = make(map[types.UID]bool, len(d.Deferred.FirstSeen))
 	for uid := range d.Deferred.FirstSeen {
-		d.Deferred.Confirmed[uid] = true
+		if !later[uid] {
+			d.Deferred.Confirmed[uid] = true
+		}
 	}
 	return d
 }

@@ -17,6 +17,9 @@
 //  7. deferArrivals: while someone holds the lock and arrivals are all that
 //     would change, they stay out of the committed queue until the next
 //     compare-and-swap or QueueDelay (Decision.Deferred), so a burst costs one write.
+//     holdUnconfirmed: with Input.ConfirmLater, while someone holds the
+//     lock, arrivals not yet confirmed stay out of it until the caller's
+//     reads confirm them (Decision.Confirm), so no decision waits for them.
 //  8. mirrorGrants: the LockGrant statuses and finalizers that follow.
 //
 // The caller commits Decision.Status with one compare-and-swap on the
@@ -51,6 +54,10 @@ type Input struct {
 	// defer nothing).
 	Seen    Arrivals
 	SeenNow time.Time
+	// ConfirmLater: the caller confirms arrivals outside the decision
+	// (Decision.Confirm), so that while someone holds the lock a decision
+	// never waits for those reads.
+	ConfirmLater bool
 }
 
 // Event is an Event to emit once the writes it describes succeeded.
@@ -97,6 +104,10 @@ type Decision struct {
 	// again from what it read when one was. A head confirmed when it was
 	// queued is issued without a read: the handoff's critical path.
 	Unconfirmed []string
+	// Confirm lists the arrivals held out of the registry queue until the
+	// caller has read them around its cache (Input.ConfirmLater); it records
+	// what it read with Arrivals.Confirm and decides again.
+	Confirm []string
 	// Deferred are the arrivals left out of the registry queue for now
 	// (QueueDelay), to pass back as Input.Seen: a caller that commits this
 	// decision keeps it, one that loses the compare-and-swap drops it.
@@ -150,6 +161,8 @@ func Decide(in Input) (Decision, error) {
 	v.st.PolicyGeneration = fr.Generation
 	d.RequeueAfter = setConditions(v)
 	deferArrivals(v, &d, arrivals)
+	holdUnconfirmed(v, &d, arrivals)
+	d.Deferred.Since = chainStart(&in, &d)
 	d.Status = v.st
 	d.StatusChanged = !equality.Semantic.DeepEqual(v.st, fr.Status)
 	mirrorGrants(v, &d, ended)
