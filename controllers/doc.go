@@ -19,8 +19,9 @@
 //     resource's pass: the ended grants' statuses, then the new holder's,
 //     then the bookkeeping of waiters and finalizers, a bounded share per
 //     turn). A new Held or Pending phase is mirrored late
-//     (status_mirror.go), arrivals that are the only change are deferred
-//     (arrivals.go).
+//     (status_mirror.go), arrivals that are the only change are deferred,
+//     and arrivals while the lock is held are confirmed by reads outside
+//     the pass (arrivals.go).
 //   - TrustBundleReconciler (trustbundle_controller.go) follows the trust
 //     bundle and drives key rotation (keyrotation.go: stage a key, wait until
 //     every verifier trusts it, sign with it under a new epoch, revoke the
