@@ -302,10 +302,26 @@ func planWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[st
 			rest = append(rest, c)
 		}
 	}
+	// The plan keeps its own copies of the LockGrants it writes, one per
+	// LockGrant (its writes share what each response returns), not the
+	// decision's whole list: a plan may wait, and a tenant's thousand
+	// requests on one lock must not stay in memory with it.
+	written := map[string]*locksv1.LockGrant{}
+	keep := func(name string) {
+		if lg := byName[name]; lg != nil && written[name] == nil {
+			written[name] = lg.DeepCopy()
+		}
+	}
+	for _, c := range statuses {
+		keep(c.Name)
+	}
+	for _, name := range slices.Concat(d.RemoveFinalizer, d.AddFinalizer) {
+		keep(name)
+	}
 	return grantPlan{
-		ends:        bookkeepingWrites(ends, nil, byName),
-		holder:      bookkeepingWrites(holder, nil, byName),
-		bookkeeping: bookkeepingWrites(rest, d, byName),
+		ends:        bookkeepingWrites(ends, nil, written),
+		holder:      bookkeepingWrites(holder, nil, written),
+		bookkeeping: bookkeepingWrites(rest, d, written),
 	}
 }
 

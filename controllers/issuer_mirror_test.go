@@ -50,6 +50,12 @@ func TestPlanWritesOrdersEndsBeforeHolderBeforeBookkeeping(t *testing.T) {
 			t.Errorf("%s %v, want %v", part, w, want)
 		}
 	}
+	if p.ends[1].lg == byName["old"] || p.ends[1].lg.Name != "old" {
+		t.Fatal("the plan writes the decision's LockGrant, not its own copy: the decision's whole list stays in memory with it")
+	}
+	if w := p.bookkeeping[2]; w.lg.Name != "waiter" || len(w.writes) != 2 {
+		t.Fatalf("bookkeeping[2] %s with %d writes, want waiter's status and finalizer on one copy", w.lg.Name, len(w.writes))
+	}
 	if len(p.bookkeeping) != 4 {
 		t.Fatalf("%d bookkeeping entries, want 4: one per LockGrant, a LockGrant the decision did not read skipped", len(p.bookkeeping))
 	}
