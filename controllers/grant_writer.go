@@ -19,8 +19,7 @@ import (
 // finalizers) outside the lock's pass. A pass is what a release waits for:
 // when the pass also wrote the ended holder's status and the waiters'
 // bookkeeping, every release arriving meanwhile waited for those writes too,
-// and under a loaded API server (a tenant queueing on the same lock) that
-// was most of what the operator added to a handoff. Nothing of the protocol
+// longer the more loaded the API server. Nothing of the protocol
 // waits for these writes: lockclient is HELD from the registry's holder
 // record, the webhook reads the registry, and the registry's recentlyEnded
 // says which LockGrants ended whatever their status shows.
