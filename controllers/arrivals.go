@@ -66,64 +66,70 @@ const maxConfirmReads = 16
 // records those never granted in the memory's chain they were asked in, and
 // asks for a new decision. An arrival already being read is not read twice.
 func (r *IssuerReconciler) confirmLater(ctx context.Context, key types.NamespacedName, in *issuer.Input, d *issuer.Decision) {
-	if len(d.Confirm) == 0 {
-		return
+	if ask := r.arrivals.claim(in, d.Confirm); len(ask) > 0 {
+		go r.confirm(ctx, key, d.Deferred.Since, ask)
 	}
-	a := &r.arrivals
-	var ask []*locksv1.LockGrant
+}
+
+// claim marks the named arrivals as being read and returns copies of those
+// no read is under way for.
+func (a *deferredArrivals) claim(in *issuer.Input, names []string) []*locksv1.LockGrant {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.reading == nil {
 		a.reading = map[types.UID]bool{}
 	}
-	for _, name := range d.Confirm {
+	var ask []*locksv1.LockGrant
+	for _, name := range names {
 		i := slices.IndexFunc(in.Grants, func(lg locksv1.LockGrant) bool { return lg.Name == name })
 		if i >= 0 && !a.reading[in.Grants[i].UID] {
 			a.reading[in.Grants[i].UID] = true
 			ask = append(ask, in.Grants[i].DeepCopy())
 		}
 	}
-	a.mu.Unlock()
-	if len(ask) == 0 {
-		return
+	return ask
+}
+
+// confirm reads ask around the cache (maxConfirmReads at most in flight
+// across resources), records the ones never granted in the chain since,
+// and asks for a new decision of key.
+func (r *IssuerReconciler) confirm(ctx context.Context, key types.NamespacedName, since string, ask []*locksv1.LockGrant) {
+	var mu sync.Mutex
+	var never []types.UID
+	g, gctx := errgroup.WithContext(ctx)
+	for _, c := range ask {
+		g.Go(func() error {
+			select {
+			case r.confirmSlots <- struct{}{}:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			defer func() { <-r.confirmSlots }()
+			uncachedGrantReads.Inc()
+			var fresh locksv1.LockGrant
+			if err := r.APIReader.Get(gctx, client.ObjectKeyFromObject(c), &fresh); err != nil {
+				return client.IgnoreNotFound(err) // gone: the next decision drops it
+			}
+			if issuer.NeverGranted(c, &fresh) {
+				mu.Lock()
+				never = append(never, c.UID)
+				mu.Unlock()
+			}
+			return nil
+		})
 	}
-	since := d.Deferred.Since
-	go func() {
-		var mu sync.Mutex
-		var never []types.UID
-		g, gctx := errgroup.WithContext(ctx)
-		for _, c := range ask {
-			g.Go(func() error {
-				select {
-				case r.confirmSlots <- struct{}{}:
-				case <-gctx.Done():
-					return gctx.Err()
-				}
-				defer func() { <-r.confirmSlots }()
-				uncachedGrantReads.Inc()
-				var fresh locksv1.LockGrant
-				if err := r.APIReader.Get(gctx, client.ObjectKeyFromObject(c), &fresh); err != nil {
-					return client.IgnoreNotFound(err) // gone: the next decision drops it
-				}
-				if issuer.NeverGranted(c, &fresh) {
-					mu.Lock()
-					never = append(never, c.UID)
-					mu.Unlock()
-				}
-				return nil
-			})
-		}
-		err := g.Wait()
-		a.mu.Lock()
-		for _, c := range ask {
-			delete(a.reading, c.UID)
-		}
-		if cur, ok := a.by[key]; ok {
-			a.by[key] = cur.Confirm(since, never)
-		}
-		a.mu.Unlock()
-		if err != nil && ctx.Err() == nil {
-			ctrl.LoggerFrom(ctx).Error(err, "confirm arrivals around the cache", "fencedresource", key)
-		}
-		r.requeue.after(key, 0)
-	}()
+	err := g.Wait()
+	a := &r.arrivals
+	a.mu.Lock()
+	for _, c := range ask {
+		delete(a.reading, c.UID)
+	}
+	if cur, ok := a.by[key]; ok {
+		a.by[key] = cur.Confirm(since, never)
+	}
+	a.mu.Unlock()
+	if err != nil && ctx.Err() == nil {
+		ctrl.LoggerFrom(ctx).Error(err, "confirm arrivals around the cache", "fencedresource", key)
+	}
+	r.requeue.after(key, 0)
 }

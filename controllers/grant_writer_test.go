@@ -68,7 +68,7 @@ func numbered(prefix string, n int) []string {
 	return out
 }
 
-func startWriter(t *testing.T, w *grantWriter) (stop func()) {
+func startWriter(w *grantWriter) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = w.Start(ctx); close(done) }()
@@ -98,7 +98,7 @@ func TestGrantWriterOrdersAndTakesTurns(t *testing.T) {
 	if got := w.endsBehind(busy); got != 2 {
 		t.Fatalf("endsBehind %d before any write, want 2", got)
 	}
-	defer startWriter(t, w)()
+	defer startWriter(w)()
 	waitFor(t, "every write", func() bool { return len(rec.got()) == 2+1+len(waiters)+1 })
 
 	got := rec.got()
@@ -127,7 +127,7 @@ func TestGrantWriterNewerPlanReplacesWaitingOne(t *testing.T) {
 	w := newGrantWriter(2, &issuerRequeue{}, rec.write)
 	key := types.NamespacedName{Namespace: "ns", Name: "lock"}
 	w.submit(key, grantPlan{ends: writesTo("first")})
-	defer startWriter(t, w)()
+	defer startWriter(w)()
 	<-rec.held
 	rec.mu.Lock()
 	delete(rec.hold, "first") // only its first write waits
@@ -159,7 +159,7 @@ func TestGrantWriterConflictAsksForANewDecision(t *testing.T) {
 	}
 	key := types.NamespacedName{Namespace: "ns", Name: "lock"}
 	w.submit(key, grantPlan{ends: writesTo("old"), holder: writesTo("new"), bookkeeping: writesTo("waiter")})
-	defer startWriter(t, w)()
+	defer startWriter(w)()
 	waitFor(t, "the issuer to be asked again", func() bool { return q.Len() == 1 })
 	if req, _ := q.Get(); req.NamespacedName != key {
 		t.Fatalf("asked for %v, want %v", req, key)

@@ -73,10 +73,3 @@ func writeNames(gs []grantWrites) (got []string) {
 	}
 	return got
 }
-
-func names(ss []issuer.GrantStatus) (n []string) {
-	for _, s := range ss {
-		n = append(n, s.Name)
-	}
-	return n
-}

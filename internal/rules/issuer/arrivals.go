@@ -157,15 +157,9 @@ func holdUnconfirmed(v *view, d *Decision, arrivals []*locksv1.LockGrant) {
 		return
 	}
 	held := arrivals[first:]
-	due := time.Duration(0)
-	for _, lg := range held {
-		left := QueueDelay - in.SeenNow.Sub(in.Seen.firstSeen(lg, in.SeenNow))
-		if left <= 0 {
-			return // waited long enough: they join now, read in the decision
-		}
-		if due == 0 || left < due {
-			due = left
-		}
+	due, ok := queueDelayLeft(in, held)
+	if !ok {
+		return // waited long enough: they join now, read in the decision
 	}
 	st.Queue = slices.DeleteFunc(st.Queue, func(q locksv1.QueuedGrant) bool {
 		return slices.ContainsFunc(held, func(lg *locksv1.LockGrant) bool { return q.GrantName == lg.Name })
@@ -187,4 +181,20 @@ func holdUnconfirmed(v *view, d *Decision, arrivals []*locksv1.LockGrant) {
 	if d.RequeueAfter == 0 || due < d.RequeueAfter {
 		d.RequeueAfter = due
 	}
+}
+
+// queueDelayLeft is how long until the first of held has waited QueueDelay;
+// ok is false when one has already.
+func queueDelayLeft(in *Input, held []*locksv1.LockGrant) (time.Duration, bool) {
+	due := time.Duration(0)
+	for _, lg := range held {
+		left := QueueDelay - in.SeenNow.Sub(in.Seen.firstSeen(lg, in.SeenNow))
+		if left <= 0 {
+			return 0, false
+		}
+		if due == 0 || left < due {
+			due = left
+		}
+	}
+	return due, true
 }
