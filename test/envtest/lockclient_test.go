@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -19,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/controllers"
 	"github.com/fencekeeper/fencekeeper/pkg/fence"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
@@ -274,20 +272,7 @@ var _ = Describe("the worker client", func() {
 		// LockGrant status writes hang until the gate opens: the issuer
 		// writes them after the compare-and-swap that ends the grant, and
 		// on a loaded API server they come late.
-		primary.stop()
-		gate := make(chan struct{})
-		var blocked atomic.Int32
-		slow := startOperator("held-up-final-status", issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
-			return &gatedGrantStatusWrites{Client: c, gate: gate, blocked: &blocked}
-		}})
-		DeferCleanup(slow.stop)
-		DeferCleanup(func() {
-			select {
-			case <-gate:
-			default:
-				close(gate)
-			}
-		})
+		openGate, _ := holdGrantStatusWrites("held-up-final-status")
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		c, _ := faultyWorker(ns, "worker-a")
 		l := mustAcquire(c, "batch", "job-1")
@@ -296,7 +281,7 @@ var _ = Describe("the worker client", func() {
 		Expect(l.Release(ctx)).To(Succeed())
 		Expect(l.State()).To(Equal(lockclient.StateReleased))
 		Expect(getGrant(ns, l.Name()).Status.Phase).NotTo(Equal(locksv1.PhaseReleased), "the final status has not landed")
-		close(gate)
+		openGate()
 		waitPhase(getGrant(ns, l.Name()), locksv1.PhaseReleased)
 	})
 

@@ -418,20 +418,7 @@ var _ = Describe("the lock registry", func() {
 		// LockGrant status writes hang until the gate opens, as on an API
 		// server a tenant loads. A pass that wrote them itself held the next
 		// release up until they landed.
-		primary.stop()
-		gate := make(chan struct{})
-		var blocked atomic.Int32
-		slow := startOperator("held-up-statuses", issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
-			return &gatedGrantStatusWrites{Client: c, gate: gate, blocked: &blocked}
-		}})
-		DeferCleanup(slow.stop)
-		DeferCleanup(func() {
-			select {
-			case <-gate:
-			default:
-				close(gate)
-			}
-		})
+		openGate, blocked := holdGrantStatusWrites("held-up-statuses")
 		holder := func() string {
 			if h := getFR(ns, "batch").Status.Holder; h != nil {
 				return h.Owner
@@ -452,7 +439,7 @@ var _ = Describe("the lock registry", func() {
 		Eventually(holder, 10*time.Second).Should(Equal("worker-c"), "b's release waited for a's status write")
 		Expect(getGrant(ns, a.Name).Status.Phase).NotTo(Equal(locksv1.PhaseReleased), "a's status has not landed")
 
-		close(gate)
+		openGate()
 		waitPhase(a, locksv1.PhaseReleased)
 		waitPhase(b, locksv1.PhaseReleased)
 		waitPhase(c, locksv1.PhaseHeld)
@@ -460,6 +447,23 @@ var _ = Describe("the lock registry", func() {
 		Expect(heldGrants(ns)).To(ConsistOf(c.Name))
 	})
 })
+
+// holdGrantStatusWrites replaces the primary issuer with one whose
+// LockGrant status writes hang until openGate is called (at the latest when
+// the spec ends); blocked counts the writes that reached the gate.
+func holdGrantStatusWrites(name string) (openGate func(), blocked *atomic.Int32) {
+	primary.stop()
+	gate := make(chan struct{})
+	blocked = &atomic.Int32{}
+	slow := startOperator(name, issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
+		return &gatedGrantStatusWrites{Client: c, gate: gate, blocked: blocked}
+	}})
+	var once sync.Once
+	openGate = func() { once.Do(func() { close(gate) }) }
+	DeferCleanup(slow.stop)
+	DeferCleanup(openGate) // runs first: the writes held at the gate end before the operator stops
+	return openGate, blocked
+}
 
 // gatedGrantStatusWrites holds every LockGrant status write until gate closes.
 type gatedGrantStatusWrites struct {
