@@ -97,6 +97,7 @@ func (r *IssuerReconciler) confirm(ctx context.Context, key types.NamespacedName
 	var mu sync.Mutex
 	var never []types.UID
 	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(maxConcurrentGrantReads) // a tenant's thousand arrivals are not a thousand goroutines
 	for _, c := range ask {
 		g.Go(func() error {
 			select {
