@@ -49,6 +49,7 @@ func TestQuickBench(t *testing.T) {
 	positive("fencekeeper handoff p99", rep.Handoff.Fencekeeper.P99)
 	positive("raw handoff p99", rep.Handoff.Raw.P99)
 	positive("handoff floor p99", rep.Handoff.Floor.P99)
+	positive("one-write floor p99", rep.Handoff.OneWrite.P99)
 	positive("leaderelection handoff p50", rep.Handoff.LeaderElection.P50)
 	positive("expiry handoff p50", rep.Expiry.Fencekeeper.P50)
 	for _, r := range rep.Throughput.Runs {
@@ -87,11 +88,36 @@ func TestQuickBench(t *testing.T) {
 	// or (b) measured nothing but (a) again.
 	positive("vprotected-enrolled calls", nt.EnrolledCalls)
 	positive("NOT_PROTECTED decisions", nt.NotProtected)
-	// the targets of the critical-path work: handoff p50 and p99, expiry, contended and
-	// uncontended throughput, writes per cycle, webhook overhead and ratio
-	// at one rate, scale handoff, webhook, create and RSS; then non-target.
-	if len(rep.Targets) != 13 {
-		t.Errorf("%d targets judged, want 13 (handoff ×2, expiry, throughput ×3, webhook ×2 at one rate, scale ×4, non-target)", len(rep.Targets))
+	if len(rep.Throughput.Runs) != 6 {
+		t.Errorf("%d throughput runs, want 6 (raw, fencekeeper and floor, uncontended and contended)", len(rep.Throughput.Runs))
+	}
+	for _, reps := range [][]float64{rep.Throughput.OverFloorUncontended, rep.Throughput.OverFloorContended, rep.Handoff.P50OverFloor, rep.Expiry.P99Reps} {
+		if len(reps) != repetitionCount {
+			t.Errorf("repetitions %v, want %d", reps, repetitionCount)
+		}
+	}
+	positive("writes per collected LockGrant", rep.Throughput.Deferred.PerGrant)
+	positive("steady-state writes per contended cycle", rep.Throughput.SteadyWritesPerCycle)
+	for _, p := range rep.Throughput.Sweep {
+		positive("sweep fencekeeper cycles/s", p.Fencekeeper)
+		positive("sweep raw cycles/s", p.Raw)
+	}
+	// handoff p50 and p99 against the floor, the raw ratio and the
+	// one-write floor; expiry;
+	// throughput against both floors, writes in the window and at steady
+	// state, operator CPU, the raw ratio and one line per sweep point;
+	// webhook overhead and ratio at one rate; scale handoff, webhook,
+	// create and RSS; non-target.
+	want := 4 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 4 + 1
+	if len(rep.Targets) != want {
+		t.Errorf("%d target lines, want %d", len(rep.Targets), want)
+	}
+	for _, tg := range rep.Targets {
+		switch tg.Verdict {
+		case verdictPass, verdictFail, verdictInconclusive, verdictReported:
+		default:
+			t.Errorf("%s: verdict %q", tg.Name, tg.Verdict)
+		}
 	}
 }
 

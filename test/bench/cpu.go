@@ -88,19 +88,3 @@ func machineCPU() (busy, all float64) {
 	}
 	return busy / clockTicks, all / clockTicks
 }
-
-// cpuPerCycle is the CPU milliseconds each process spent per completed cycle
-// between two samples, and how busy the machine was (0–1).
-func cpuPerCycle(before, after cpuSample, cycles int) (map[string]float64, float64) {
-	out := map[string]float64{}
-	for k, v := range after.byProcess {
-		if cycles > 0 {
-			out[k] = round2((v - before.byProcess[k]) * 1000 / float64(cycles))
-		}
-	}
-	busy := 0.0
-	if all := after.machineAll - before.machineAll; all > 0 {
-		busy = round2((after.machineBusy - before.machineBusy) / all)
-	}
-	return out, busy
-}

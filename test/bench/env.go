@@ -45,8 +45,12 @@ type env struct {
 	log    io.Writer
 	users  int
 	mu     sync.Mutex
-	// floor: the custom-resource floor's CRDs and RBAC are installed (floor.go).
+	// floor: the custom-resource floor's CRDs, RBAC and create webhook are
+	// installed (floor.go).
 	floor bool
+	// runCtx lives as long as the run: what the env serves (the floor's
+	// webhook) stops with it.
+	runCtx context.Context
 }
 
 // operatorProcess is the operator under test: cmd/manager as a child process
@@ -82,7 +86,7 @@ func startEnv(ctx context.Context, cfg *config, log io.Writer) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &env{cp: cp, log: log}
+	e := &env{cp: cp, log: log, runCtx: ctx}
 	ok := false
 	defer func() {
 		if !ok {

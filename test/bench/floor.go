@@ -30,8 +30,9 @@ import (
 )
 
 // The custom-resource floor: what a cycle costs the API server when it is
-// nothing but the writes the design needs, with no operator, no webhook and
-// no reads. It runs on copies of fencekeeper's two CRDs under a group no
+// nothing but the writes the design needs and the create webhook the
+// contract puts in front of them (floorwebhook.go, which allows every
+// request), with no operator and no reads. It runs on copies of fencekeeper's two CRDs under a group no
 // controller watches, with objects of the real sizes (a signed holder record,
 // sixteen recently ended grants, the registry's conditions):
 //
@@ -93,8 +94,9 @@ func installFloorCRDs(ctx context.Context, admin *rest.Config, root string) erro
 	return nil
 }
 
-// installFloor installs the floor's CRDs and lets workers write them, once
-// per run (the handoff and the throughput phases both use them).
+// installFloor installs the floor's CRDs and create webhook and lets
+// workers write them, once per run (the handoff and the throughput phases
+// both use them).
 func (e *env) installFloor(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -116,6 +118,13 @@ func (e *env) installFloor(ctx context.Context) error {
 		if err := e.admin.Create(ctx, obj); err != nil {
 			return err
 		}
+	}
+	dyn, err := dynamic.NewForConfig(e.cp.Admin)
+	if err != nil {
+		return err
+	}
+	if err := e.installFloorWebhook(e.runCtx, dyn, metav1.NamespaceDefault); err != nil {
+		return err
 	}
 	e.floor = true
 	return nil

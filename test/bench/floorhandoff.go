@@ -48,7 +48,7 @@ type floorIssuer struct {
 	fr     *unstructured.Unstructured // the registry as last written
 	st     locksv1.FencedResourceStatus
 	queue  []floorRequest
-	queued chan string // names of LockGrants queued (or granted at once)
+	queued chan string // names of LockGrants queued (or granted at once); nil: not told
 	err    error
 }
 
@@ -58,7 +58,7 @@ type floorRequest struct {
 
 // startFloorIssuer creates the floor registry object (the template's status,
 // without holder and queue) and starts following its LockGrants.
-func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource) (*floorIssuer, error) {
+func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource, notify bool) (*floorIssuer, error) {
 	signer, err := grant.GenerateSigner(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -67,8 +67,11 @@ func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name strin
 	if err != nil {
 		return nil, err
 	}
-	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, st: *st, queued: make(chan string, 16),
+	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, st: *st,
 		tmpl: locksv1.Holder{TTLSeconds: int64(template.Spec.LeaseDurationSeconds), OperationRoot: floorOperationRoot}}
+	if notify {
+		f.queued = make(chan string, 16)
+	}
 	w, err := dyn.Resource(floorLG).Namespace(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
@@ -107,7 +110,9 @@ func (f *floorIssuer) observe(ctx context.Context, typ watch.EventType, lg *unst
 				return err
 			}
 		}
-		f.queued <- lg.GetName()
+		if f.queued != nil { // nil: nobody waits to hear (the contended floor)
+			f.queued <- lg.GetName()
+		}
 		return nil
 	}
 	released, _, _ := unstructured.NestedBool(lg.Object, "spec", "release")
@@ -279,7 +284,7 @@ func (e *env) newFloorHandoff(ctx context.Context, ns, resource, template string
 		owners[i] = owner
 	}
 	h.ws = [2]floorWorker{{dyn: dyns[0], owner: owners[0]}, {dyn: dyns[1], owner: owners[1]}}
-	if h.iss, err = startFloorIssuer(ctx, dyns[2], ns, resource, &tmpl); err != nil {
+	if h.iss, err = startFloorIssuer(ctx, dyns[2], ns, resource, &tmpl, true); err != nil {
 		return nil, err
 	}
 	return h, nil

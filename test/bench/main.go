@@ -2,9 +2,12 @@
 // control plane (etcd + kube-apiserver from bin/k8s) with the real operator:
 // release and expiry handoff, acquire/release throughput, the acceptance
 // webhook's overhead, scale to 10,000 FencedResources and what registry-keyed
-// protection costs writes to non-targets. It prints a table,
-// writes a JSON file and judges the targets of the critical-path work (PASS/FAIL); the
-// ratios are taken within one run, so a slow or busy machine slows both sides.
+// protection costs writes to non-targets. It prints a table, writes a JSON
+// file and SVG plots, and judges each target against a floor or control
+// measured in the same run, interleaved: PASS or FAIL, and for lines
+// measured in five rotated repetitions PASS, FAIL or INCONCLUSIVE by the
+// tail rule (verdict.go). Ratios against raw Kubernetes primitives are
+// printed beside them, not judged.
 //
 //	go run ./test/bench            # the full run (make bench)
 //	go run ./test/bench -quick     # a smoke run, well under a minute
@@ -53,6 +56,7 @@ type config struct {
 	tputDuration         time.Duration
 	tputWarmup           time.Duration
 	clients, contendedOn int
+	sweep                []int
 	rates                []float64
 	webhookSamples       int
 	scaleSizes           []int
@@ -71,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &config{}
-	var rates, sizes, only string
+	var rates, sizes, only, sweep string
 	fs.BoolVar(&c.quick, "quick", false, "Smoke run: small samples everywhere (under a minute); the figures are not meaningful.")
 	fs.BoolVar(&c.inProcess, "in-process", false, "Run the operator in this process instead of cmd/manager as a child (for -cpuprofile; memory figures then include the bench).")
 	fs.IntVar(&c.maxReconciles, "max-concurrent-reconciles", 4, "The operator's --max-concurrent-reconciles (cmd/manager's default is 4).")
@@ -86,12 +90,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.handoffs, "handoffs", 1000, "Release handoffs measured, fencekeeper and raw CAS+watch each.")
 	fs.IntVar(&c.leHandoffs, "le-handoffs", 100, "client-go leaderelection handoffs measured (each waits up to ~2.2 retry periods).")
 	fs.DurationVar(&c.leRetry, "le-retry", 100*time.Millisecond, "client-go leaderelection RetryPeriod of the reference.")
-	fs.IntVar(&c.expiries, "expiries", 200, "Expiry handoffs measured (1 s leases).")
+	fs.IntVar(&c.expiries, "expiries", 250, "Expiry handoffs measured (1 s leases).")
 	fs.IntVar(&c.expiryPar, "expiry-parallel", 8, "Resources whose expiry chains run side by side, staggered.")
-	fs.DurationVar(&c.tputDuration, "throughput-duration", 8*time.Second, "Measured window of each throughput run.")
-	fs.DurationVar(&c.tputWarmup, "throughput-warmup", 2*time.Second, "Unmeasured warm-up before each throughput window.")
+	fs.DurationVar(&c.tputDuration, "throughput-duration", 4*time.Second, "Measured window of each throughput run (each of the six runs has five).")
+	fs.DurationVar(&c.tputWarmup, "throughput-warmup", time.Second, "Unmeasured warm-up before each throughput window.")
 	fs.IntVar(&c.clients, "clients", 8, "Closed-loop clients C of the throughput runs.")
 	fs.IntVar(&c.contendedOn, "contended-resources", 2, "Shared resources of the contended throughput runs.")
+	fs.StringVar(&sweep, "sweep", "4,16,64", "Clients on one resource of the waiter sweep (fencekeeper against the raw Lease herd, reported); empty: none.")
 	fs.StringVar(&rates, "rates", "25,50,100", "Request rates (updates/s, protected and unprotected together) of the webhook-overhead runs.")
 	fs.IntVar(&c.webhookSamples, "webhook-samples", 1000, "Requests measured per kind (protected update, unprotected update, registry GET) at each rate.")
 	fs.StringVar(&sizes, "scale", "1000,10000", "FencedResource counts of the scale runs, each with an active grant.")
@@ -123,6 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		def("throughput-duration", func() { c.tputDuration = 1500 * time.Millisecond })
 		def("throughput-warmup", func() { c.tputWarmup = 500 * time.Millisecond })
 		def("clients", func() { c.clients = 4 })
+		def("sweep", func() { sweep = "2,4" })
 		def("rates", func() { rates = "50" })
 		def("webhook-samples", func() { c.webhookSamples = 30 })
 		def("scale", func() { sizes = "20,60" })
@@ -134,6 +140,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	var err error
 	if c.rates, err = parseList(rates, strconv.ParseFloat); err != nil {
 		return nil, fmt.Errorf("-rates: %w", err)
+	}
+	if c.sweep, err = parseList(sweep, func(s string, _ int) (int, error) { return strconv.Atoi(s) }); err != nil {
+		return nil, fmt.Errorf("-sweep: %w", err)
 	}
 	if c.scaleSizes, err = parseList(sizes, func(s string, _ int) (int, error) { return strconv.Atoi(s) }); err != nil {
 		return nil, fmt.Errorf("-scale: %w", err)
@@ -203,6 +212,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "write results: %v\n", werr)
 		} else {
 			fmt.Fprintf(stdout, "\nJSON: %s\n", path)
+		}
+		if paths, perr := rep.writePlots(filepath.Dir(cfg.out)); perr != nil {
+			fmt.Fprintf(stderr, "write plots: %v\n", perr)
+		} else if len(paths) > 0 {
+			fmt.Fprintf(stdout, "plots: %s\n", strings.Join(paths, ", "))
 		}
 	}
 	if err != nil {

@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -94,9 +93,6 @@ func pgstoreQuick() pgstoreConfig {
 const (
 	// pgLatencyLimit: fenced p50 (and p99, by the repetition rule) ≤ this × plain.
 	pgLatencyLimit = 1.3
-	// pgTailSlack: a repetition exceeds when its p99 ratio is over
-	// pgTailSlack × pgLatencyLimit.
-	pgTailSlack = 1.2
 	// pgThroughputFloor: fenced commits/s ≥ this × plain.
 	pgThroughputFloor = 0.7
 )
@@ -515,7 +511,7 @@ func (res *pgstoreResult) judge() {
 	for i, r := range l.Reps {
 		plainP99[i], floorP99[i] = r.P99Ratio, ratio(r.Floor.P99, r.Plain.P99)
 	}
-	_, floorP99Median, _ := tailVerdict(floorP99, pgLatencyLimit, pgTailSlack)
+	_, floorP99Median, _ := pgTailVerdict(floorP99)
 	reach := func(floorRatio float64, within bool) string {
 		s := fmt.Sprintf("; the contract floor alone: %s× plain", fmtF(floorRatio))
 		if !within {
@@ -527,10 +523,10 @@ func (res *pgstoreResult) judge() {
 		p50 := pgstoreCheck{Name: "segment latency p50", Against: against, Rule: fmt.Sprintf("fenced p50 ≤ %g× %s p50 (pooled)", pgLatencyLimit, against),
 			Control: control.P50, Measured: measured.P50, Unit: "ms", Ratio: ratio(measured.P50, control.P50), Limit: pgLatencyLimit,
 			Detail: fmt.Sprintf("%d samples of each kind in %d interleaved repetitions", measured.N, len(l.Reps))}
-		p50.Result = atMost(p50.Ratio, pgLatencyLimit)
+		p50.Result = atMost(pgLatencyLimit).verdict(p50.Ratio)
 		p99 := pgstoreCheck{Name: "segment latency p99", Against: against, Control: control.P99, Measured: measured.P99, Unit: "ms", Limit: pgLatencyLimit,
-			Rule: fmt.Sprintf("median of the repetitions' p99 ratios over %s ≤ %g×, ≤ 1 over %g×", against, pgLatencyLimit, round2(pgTailSlack*pgLatencyLimit))}
-		p99.Result, p99.Ratio, p99.Detail = tailVerdict(repP99, pgLatencyLimit, pgTailSlack)
+			Rule: fmt.Sprintf("median of the repetitions' p99 ratios over %s ≤ %g×, ≤ 1 over %g×", against, pgLatencyLimit, round2(tailTolerance*pgLatencyLimit))}
+		p99.Result, p99.Ratio, p99.Detail = pgTailVerdict(repP99)
 		p99.Detail += fmt.Sprintf("; pooled p99 ratio %s×", fmtF(ratio(measured.P99, control.P99)))
 		return p50, p99
 	}
@@ -581,44 +577,19 @@ func (res *pgstoreResult) judge() {
 	}
 }
 
-func atMost(v, limit float64) string {
-	if math.IsNaN(v) || math.IsInf(v, 0) || v > limit {
-		return verdictFail
-	}
-	return verdictPass
-}
-
-// tailVerdict is the repetition rule for a tail: each repetition's ratio
-// (fenced p99 over plain p99, measured interleaved); PASS when their median
-// is within limit and at most one exceeds slack × limit, FAIL when the
-// median is over limit and all but at most one exceed slack × limit,
-// INCONCLUSIVE otherwise (one noisy repetition decides nothing). It
-// returns the verdict, the median ratio and the figures.
-func tailVerdict(ratios []float64, limit, slack float64) (string, float64, string) {
-	if len(ratios) == 0 {
-		return verdictInconclusive, 0, "no repetitions"
-	}
-	s := append([]float64(nil), ratios...)
-	sort.Float64s(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	bound := slack * limit
+// pgTailVerdict judges the repetitions' p99 ratios by the tail rule
+// (verdict.go) against pgLatencyLimit, with a detail naming them.
+func pgTailVerdict(ratios []float64) (string, float64, string) {
+	l := atMost(pgLatencyLimit)
+	med, v := tailVerdict(ratios, l)
 	over := 0
 	for _, r := range ratios {
-		if math.IsNaN(r) || r > bound {
+		if l.beyond(r, tailTolerance) {
 			over++
 		}
 	}
-	detail := fmt.Sprintf("repetitions' p99 ratios %s, median %s×, %d of %d over %s×", floats(ratios), fmtF(med), over, len(ratios), fmtF(round2(bound)))
-	switch {
-	case med <= limit && over <= 1:
-		return verdictPass, med, detail
-	case med > limit && over >= len(ratios)-1:
-		return verdictFail, med, detail
-	}
-	return verdictInconclusive, med, detail
+	detail := fmt.Sprintf("repetitions' p99 ratios %s, median %s×, %d of %d over %s×", floats(ratios), fmtF(med), over, len(ratios), fmtF(round2(tailTolerance*pgLatencyLimit)))
+	return v, med, detail
 }
 
 func floats(xs []float64) string {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,25 +146,5 @@ func TestJudgeAgainstTheFloor(t *testing.T) {
 	}
 	if res.Verdict != verdictFail {
 		t.Errorf("verdict %s with targets against plain failing, want FAIL", res.Verdict)
-	}
-}
-
-func TestTailVerdict(t *testing.T) {
-	for name, c := range map[string]struct {
-		ratios []float64
-		want   string
-	}{
-		"all within":                    {[]float64{1.0, 1.1, 1.05, 1.2, 0.9}, verdictPass},
-		"one noisy repetition":          {[]float64{1.0, 1.1, 3.0, 1.2, 0.9}, verdictPass},
-		"two noisy repetitions":         {[]float64{1.0, 1.7, 3.0, 1.2, 0.9}, verdictInconclusive},
-		"median over, three far over":   {[]float64{1.4, 1.7, 3.0, 1.6, 0.9}, verdictInconclusive},
-		"median over, four far over":    {[]float64{1.4, 1.7, 3.0, 1.6, 1.9}, verdictFail},
-		"median over, none far over":    {[]float64{1.4, 1.4, 1.4, 1.4, 1.4}, verdictInconclusive},
-		"no repetitions":                {nil, verdictInconclusive},
-		"plain p99 of zero (no sample)": {[]float64{1.0, 1.0, 1.0, 1.0, math.Inf(1)}, verdictPass},
-	} {
-		if got, _, detail := tailVerdict(c.ratios, pgLatencyLimit, pgTailSlack); got != c.want {
-			t.Errorf("%s: %s (%s), want %s", name, got, detail, c.want)
-		}
 	}
 }

@@ -154,19 +154,19 @@ func (r *report) judgeScale(s *scaleResult) {
 	}
 	small, big := s.Sizes[0], s.Sizes[len(s.Sizes)-1]
 	r.judge(fmt.Sprintf("scale handoff p99 %d vs %d", big.Resources, small.Resources), "growth ≤ 1.1× the raw Lease handoff's growth",
-		ratio(ratio(big.Handoff.P99, small.Handoff.P99), ratio(big.RawHandoff.P99, small.RawHandoff.P99)), 1.1, "×",
+		ratio(ratio(big.Handoff.P99, small.Handoff.P99), ratio(big.RawHandoff.P99, small.RawHandoff.P99)), atMost(1.1), "×",
 		fmt.Sprintf("handoff p99 %s ms at %d, %s ms at %d (control: raw Lease handoff p99 %s → %s ms, %s×); p50 growth %s× against the control's %s×",
 			fmtF(big.Handoff.P99), big.Resources, fmtF(small.Handoff.P99), small.Resources, fmtF(small.RawHandoff.P99), fmtF(big.RawHandoff.P99),
 			fmtF(ratio(big.RawHandoff.P99, small.RawHandoff.P99)), fmtF(ratio(big.Handoff.P50, small.Handoff.P50)), fmtF(ratio(big.RawHandoff.P50, small.RawHandoff.P50))))
 	r.judge(fmt.Sprintf("scale webhook p99 %d vs %d", big.Resources, small.Resources), "growth ≤ 1.1× the unprotected update's growth",
-		ratio(ratio(big.Protected.P99, small.Protected.P99), ratio(big.Unprotected.P99, small.Unprotected.P99)), 1.1, "×",
+		ratio(ratio(big.Protected.P99, small.Protected.P99), ratio(big.Unprotected.P99, small.Unprotected.P99)), atMost(1.1), "×",
 		fmt.Sprintf("protected update p99 %s ms at %d, %s ms at %d (control: unprotected update p99 %s → %s ms, %s×); p50 growth %s× against the control's %s×",
 			fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources, fmtF(small.Unprotected.P99), fmtF(big.Unprotected.P99),
 			fmtF(ratio(big.Unprotected.P99, small.Unprotected.P99)), fmtF(ratio(big.Protected.P50, small.Protected.P50)), fmtF(ratio(big.Unprotected.P50, small.Unprotected.P50))))
-	r.judge(fmt.Sprintf("FencedResource create p99 at %d", big.Resources), "≤ 50 ms", big.CreateWithTarget.P99, 50, "ms",
+	r.judge(fmt.Sprintf("FencedResource create p99 at %d", big.Resources), "≤ 50 ms", big.CreateWithTarget.P99, atMost(50), "ms",
 		fmt.Sprintf("FencedResource-with-target creates: p99 %s ms at %d, %s ms at %d", fmtF(big.CreateWithTarget.P99), big.Resources,
 			fmtF(small.CreateWithTarget.P99), small.Resources))
-	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS ≤ 256 MiB", big.OperatorPeakMiB, 256, "MiB",
+	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS ≤ 256 MiB", big.OperatorPeakMiB, atMost(256), "MiB",
 		fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
 }
 

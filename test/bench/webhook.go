@@ -22,8 +22,9 @@ import (
 )
 
 type webhookResult struct {
-	Pairs int           `json:"configmap_pairs"`
-	Rates []webhookRate `json:"rates"`
+	Pairs   int           `json:"configmap_pairs"`
+	Rates   []webhookRate `json:"rates"`
+	samples []webhookSamples
 	// AdmissionP50/P99: the operator's own fencekeeper_admission_duration_seconds
 	// over the phase, interpolated within histogram buckets.
 	AdmissionP50 float64 `json:"operator_admission_p50_ms"`
@@ -50,6 +51,12 @@ type webhookResult struct {
 	FenceStateBytes    int  `json:"fence_state_bytes"`
 }
 
+// webhookSamples: one rate's samples, for the plots.
+type webhookSamples struct {
+	rate                   float64
+	protected, unprotected []time.Duration
+}
+
 type webhookRate struct {
 	Rate        float64 `json:"rate_per_second"`
 	Protected   dist    `json:"protected"`
@@ -61,6 +68,10 @@ type webhookRate struct {
 	RegistryGet dist    `json:"registry_get"`
 	P99Ratio    float64 `json:"p99_ratio_protected_over_unprotected"`
 	P50Ratio    float64 `json:"p50_ratio_protected_over_unprotected"`
+	// OverheadReps and P99RatioReps: each repetition's protected p99 over
+	// unprotected p99 + registry GET p99, and over unprotected p99.
+	OverheadReps []float64 `json:"overhead_ratio_repetitions"`
+	P99RatioReps []float64 `json:"p99_ratio_repetitions"`
 }
 
 // fencedPair is a protected ConfigMap written under a held grant, and an
@@ -304,11 +315,22 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 	w := &webhookResult{Pairs: npairs}
 	r.Webhook = w
 	for _, rate := range cfg.rates {
-		prot, unprot, gets, err := interleavedWithRead(ctx, pairs, kube, ns, rate, cfg.webhookSamples)
-		if err != nil {
-			return err
+		// The tail rule's repetitions: successive open loops, each with the
+		// three kinds interleaved.
+		var prot, unprot, gets []time.Duration
+		x := webhookRate{Rate: rate}
+		for rep := 0; rep < repetitionCount; rep++ {
+			p, u, g, err := interleavedWithRead(ctx, pairs, kube, ns, rate, max(1, cfg.webhookSamples/repetitionCount))
+			if err != nil {
+				return err
+			}
+			prot, unprot, gets = append(prot, p...), append(unprot, u...), append(gets, g...)
+			ps, us, gs := summarize(p), summarize(u), summarize(g)
+			x.OverheadReps = append(x.OverheadReps, ratio(ps.P99, us.P99+gs.P99))
+			x.P99RatioReps = append(x.P99RatioReps, ratio(ps.P99, us.P99))
 		}
-		x := webhookRate{Rate: rate, Protected: summarize(prot), Unprotected: summarize(unprot), RegistryGet: summarize(gets)}
+		x.Protected, x.Unprotected, x.RegistryGet = summarize(prot), summarize(unprot), summarize(gets)
+		w.samples = append(w.samples, webhookSamples{rate: rate, protected: prot, unprotected: unprot})
 		x.P99Ratio = ratio(x.Protected.P99, x.Unprotected.P99)
 		x.P50Ratio = ratio(x.Protected.P50, x.Unprotected.P50)
 		w.Rates = append(w.Rates, x)
@@ -333,12 +355,13 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 		return err
 	}
 	for _, x := range w.Rates {
-		r.judge(fmt.Sprintf("webhook overhead @%g/s", x.Rate), "protected p99 ≤ unprotected p99 + registry GET p99, all interleaved (shown as the ratio, ≤ 1)",
-			ratio(x.Protected.P99, x.Unprotected.P99+x.RegistryGet.P99), 1, "×",
-			fmt.Sprintf("%g updates/s interleaved with %g GETs/s: protected p50/p99 %s/%s ms, unprotected %s/%s ms, registry GET %s/%s ms (alone: p99 %s ms)",
+		r.judgeTail(fmt.Sprintf("protected write @%g/s", x.Rate), "p99 ≤ unprotected p99 + registry GET p99, all interleaved (as the ratio)",
+			x.OverheadReps, atMost(1), "×",
+			fmt.Sprintf("%g updates/s interleaved with %g GETs/s, all repetitions pooled: protected p50/p99 %s/%s ms, unprotected %s/%s ms, registry GET %s/%s ms (alone: p99 %s ms)",
 				x.Rate, x.Rate/2, fmtF(x.Protected.P50), fmtF(x.Protected.P99), fmtF(x.Unprotected.P50), fmtF(x.Unprotected.P99),
 				fmtF(x.RegistryGet.P50), fmtF(x.RegistryGet.P99), fmtF(w.RegistryGetAlone.P99)))
-		r.judge(fmt.Sprintf("webhook ratio @%g/s", x.Rate), "protected p99 ≤ 2× unprotected p99", x.P99Ratio, 2, "×", "")
+		r.judgeTail(fmt.Sprintf("protected write against unprotected @%g/s", x.Rate), "p99 ≤ 2× the unprotected update's p99", x.P99RatioReps, atMost(2), "×",
+			fmt.Sprintf("pooled: %s×", fmtF(x.P99Ratio)))
 	}
 	if opAfter, err := e.op.Metrics(ctx); err == nil {
 		h := histogramDelta(opAfter, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
