@@ -9,8 +9,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -90,8 +93,12 @@ func (r *NamespaceEnrollmentReconciler) SetupWithManager(mgr ctrl.Manager) error
 	toNamespace := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
 	})
+	// Only an entry's arrival (or departure) matters to its namespace's
+	// enrollment: the issuer's status writes, one or more per handoff,
+	// would each cost a reconcile that finds nothing to do.
+	existence := predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
 	return ctrl.NewControllerManagedBy(mgr).Named(name).WithOptions(opts).
 		For(&corev1.Namespace{}).
-		Watches(&locksv1.FencedResource{}, toNamespace).
+		Watches(&locksv1.FencedResource{}, toNamespace, builder.WithPredicates(existence)).
 		Complete(r)
 }

@@ -14,8 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -44,7 +46,10 @@ func (r *UnresolvedMutationReconciler) SetupWithManager(mgr ctrl.Manager) error 
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
-		For(&locksv1.FencedResource{}).
+		// The issuer's status writes (one or more per handoff) change
+		// nothing this controller reads: the LockGrants' records do, and
+		// a spec change moves the condition's observedGeneration.
+		For(&locksv1.FencedResource{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&locksv1.LockGrant{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			if _, ok := o.GetAnnotations()[locksv1.AnnotationUnresolvedMutation]; !ok {
 				return nil
