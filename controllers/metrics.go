@@ -34,7 +34,10 @@ var (
 		Help: "FencedResources whose committed decisions still have LockGrant statuses or finalizers to write."})
 	grantsCollected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_lockgrants_collected_total",
-		Help: "Ended LockGrants deleted after the retention (--ended-grant-retention)."})
+		Help: "Ended LockGrants deleted after the retention (--ended-grant-retention) or beyond the count (--ended-grant-max-count)."})
+	endedGrantsTracked = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fencekeeper_ended_lockgrants",
+		Help: "Ended LockGrants this replica tracks for collection: those recording an unresolved write are not counted."})
 	queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "fencekeeper_grant_queue_depth", Help: "LockGrants waiting in a FencedResource's FIFO queue."},
 		[]string{"namespace", "fencedresource"})
@@ -83,7 +86,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(grantsIssued, grantHandoffs, grantExpiries, grantReleases, grantRevocations,
-		registryWrites, casConflicts, uncachedGrantReads, lockGrantWriteBacklog, grantsCollected, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo,
+		registryWrites, casConflicts, uncachedGrantReads, lockGrantWriteBacklog, grantsCollected, endedGrantsTracked, queueDepth, overdueMutations, grantWait, handoffGap, issuerEpoch, buildInfo,
 		storePublications, storePublishDuration, storesFailing)
 	v := version.Get()
 	buildInfo.WithLabelValues(v.Version, v.Commit).Set(1)

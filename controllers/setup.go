@@ -28,8 +28,13 @@ type Options struct {
 	// (tests race two such controllers on one resource).
 	Identity *IssuerIdentity
 	// EndedGrantRetention is how long an ended LockGrant is kept before it is
-	// deleted (0: DefaultEndedGrantRetention; negative: never).
+	// deleted (0: DefaultEndedGrantRetention; negative: never, whatever
+	// EndedGrantMaxCount says).
 	EndedGrantRetention time.Duration
+	// EndedGrantMaxCount bounds how many ended LockGrants are kept: the
+	// oldest beyond it are deleted before their retention (0:
+	// DefaultEndedGrantMaxCount; negative: no bound by count).
+	EndedGrantMaxCount int
 	// WrapClient, when set, wraps the issuing controller's client; tests use it
 	// to inject faults such as a crash between two writes.
 	WrapClient func(client.Client) client.Client
@@ -75,13 +80,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*IssuerIdentity, e
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	if o.EndedGrantRetention == 0 {
-		o.EndedGrantRetention = DefaultEndedGrantRetention
-	}
-	if o.EndedGrantRetention > 0 {
-		if err := mgr.Add(&EndedGrantCollector{Client: mgr.GetClient(), Clock: o.Clock, Retention: o.EndedGrantRetention}); err != nil {
-			return nil, err
-		}
+	if err := setupCollector(ctx, mgr, o); err != nil {
+		return nil, err
 	}
 	if err := (&NamespaceEnrollmentReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Name: name("namespace-enrollment"),
 		Exempt: o.Exempt, Recorder: mgr.GetEventRecorder("fencekeeper-enrollment")}).SetupWithManager(mgr); err != nil {
@@ -95,4 +95,20 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*IssuerIdentity, e
 		return nil, err
 	}
 	return identity, nil
+}
+
+// setupCollector adds the ended-LockGrant collector unless the retention is
+// negative (never delete).
+func setupCollector(ctx context.Context, mgr ctrl.Manager, o Options) error {
+	if o.EndedGrantRetention == 0 {
+		o.EndedGrantRetention = DefaultEndedGrantRetention
+	}
+	if o.EndedGrantMaxCount == 0 {
+		o.EndedGrantMaxCount = DefaultEndedGrantMaxCount
+	}
+	if o.EndedGrantRetention < 0 {
+		return nil
+	}
+	return (&EndedGrantCollector{Client: mgr.GetClient(), Clock: o.Clock, Retention: o.EndedGrantRetention,
+		MaxCount: o.EndedGrantMaxCount}).SetupWithManager(ctx, mgr)
 }

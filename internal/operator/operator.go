@@ -77,6 +77,10 @@ type Options struct {
 	// EndedGrantRetention: how long ended LockGrants are kept (0: the
 	// default, negative: forever).
 	EndedGrantRetention time.Duration
+	// EndedGrantMaxCount: how many ended LockGrants are kept at most, the
+	// oldest beyond it deleted before their retention (0: the default,
+	// negative: no bound by count).
+	EndedGrantMaxCount int
 	// Clock is the issuer's and the webhook's clock (default: real time).
 	Clock clock.Clock
 	// OnIssuing, if set, is called once this replica issues grants (it leads)
@@ -136,7 +140,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	exempt := enrollment.NewExemptions(o.Namespace, o.ExemptNamespaces)
 	identity, err := controllers.Setup(ctx, mgr, controllers.Options{
 		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
-		Exempt: exempt,
+		EndedGrantMaxCount: o.EndedGrantMaxCount, Exempt: exempt,
 	})
 	if err != nil {
 		return fmt.Errorf("issuer: %w", err)

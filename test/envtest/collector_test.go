@@ -14,15 +14,31 @@ import (
 )
 
 // Ended LockGrants are deleted after --ended-grant-retention, counted on the
-// issuer's clock, except those recording a write whose outcome is unknown.
+// issuer's clock, or once more than --ended-grant-max-count have ended (the
+// oldest first), except those recording a write whose outcome is unknown.
 var _ = Describe("Ended LockGrant collection", func() {
-	It("deletes ended LockGrants after the retention, and keeps held ones and unresolved records", func() {
+	exists := func(lg *locksv1.LockGrant) func() bool {
+		return func() bool {
+			err := admin.Get(suiteCtx, client.ObjectKeyFromObject(lg), &locksv1.LockGrant{})
+			Expect(client.IgnoreNotFound(err)).To(Succeed())
+			return !apierrors.IsNotFound(err)
+		}
+	}
+	gone := func(lg *locksv1.LockGrant) func() bool {
+		return func() bool { return !exists(lg)() }
+	}
+	// collectWith replaces the primary issuer by one collecting with opts.
+	collectWith := func(name string, opts controllers.Options) {
 		primary.stop()
-		primary = startOperator("collector", issuerClock, controllers.Options{EndedGrantRetention: 2 * time.Second})
+		primary = startOperator(name, issuerClock, opts)
 		DeferCleanup(func() {
 			primary.stop()
-			primary = startOperator("primary-after-collector", issuerClock, controllers.Options{})
+			primary = startOperator("primary-after-"+name, issuerClock, controllers.Options{})
 		})
+	}
+
+	It("deletes ended LockGrants after the retention, and keeps held ones and unresolved records", func() {
+		collectWith("collector", controllers.Options{EndedGrantRetention: 2 * time.Second})
 		ns := newNamespace()
 		newFencedResource(ns, "batch", 3600)
 		done := waitPhase(request(ns, "batch", "worker-a", "done"), locksv1.PhaseHeld)
@@ -36,13 +52,6 @@ var _ = Describe("Ended LockGrant collection", func() {
 		waitPhase(unresolved, locksv1.PhaseReleased)
 		holding := waitPhase(request(ns, "batch", "worker-b", "holding"), locksv1.PhaseHeld)
 
-		exists := func(lg *locksv1.LockGrant) func() bool {
-			return func() bool {
-				err := admin.Get(suiteCtx, client.ObjectKeyFromObject(lg), &locksv1.LockGrant{})
-				Expect(client.IgnoreNotFound(err)).To(Succeed())
-				return !apierrors.IsNotFound(err)
-			}
-		}
 		// The collector passes every second; the issuer's clock stands still,
 		// so nothing has been ended for the retention yet.
 		Consistently(exists(done), 2500*time.Millisecond, 100*time.Millisecond).Should(BeTrue())
@@ -56,9 +65,6 @@ var _ = Describe("Ended LockGrant collection", func() {
 				return check()
 			}
 		}
-		gone := func(lg *locksv1.LockGrant) func() bool {
-			return func() bool { return !exists(lg)() }
-		}
 		Eventually(passing(gone(done)), time.Minute, 250*time.Millisecond).Should(BeTrue(), "ended LockGrant kept past the retention")
 		Consistently(passing(exists(unresolved)), 3*time.Second, 250*time.Millisecond).Should(BeTrue(), "a LockGrant recording an unresolved write was deleted")
 		Expect(getGrant(ns, holding.Name).Status.Phase).To(Equal(locksv1.PhaseHeld))
@@ -69,5 +75,23 @@ var _ = Describe("Ended LockGrant collection", func() {
 		})).To(Succeed())
 		Eventually(passing(gone(unresolved)), time.Minute, 250*time.Millisecond).Should(BeTrue())
 		Expect(exists(holding)()).To(BeTrue())
+	})
+
+	It("deletes the oldest ended LockGrants beyond the count long before the retention", func() {
+		// The count covers every ended LockGrant the issuer sees: what
+		// earlier specs left is collected first, as the oldest.
+		collectWith("collector-count", controllers.Options{EndedGrantRetention: time.Hour, EndedGrantMaxCount: 2})
+		ns := newNamespace()
+		newFencedResource(ns, "batch", 3600)
+		var ended []*locksv1.LockGrant
+		for _, id := range []string{"first", "second", "third"} {
+			lg := waitPhase(request(ns, "batch", "worker-a", id), locksv1.PhaseHeld)
+			release(lg)
+			ended = append(ended, waitPhase(lg, locksv1.PhaseReleased))
+		}
+		// The issuer's clock stands still: none has been ended for the hour.
+		Eventually(gone(ended[0]), 20*time.Second, 100*time.Millisecond).Should(BeTrue(), "the oldest ended LockGrant kept beyond the count")
+		Consistently(func() bool { return exists(ended[1])() && exists(ended[2])() }, 3*time.Second, 100*time.Millisecond).
+			Should(BeTrue(), "an ended LockGrant within the count was deleted before the retention")
 	})
 })
