@@ -330,6 +330,8 @@ func planWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[st
 type grantWrite struct {
 	status *locksv1.LockGrantStatus
 	mutate func(*locksv1.LockGrant)
+	// removesFinalizer: the write removes the release finalizer.
+	removesFinalizer bool
 }
 
 // grantWrites are the bookkeeping writes to one LockGrant, in order: each is
@@ -364,7 +366,7 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 		return out
 	}
 	for _, name := range d.RemoveFinalizer {
-		add(name, grantWrite{mutate: removeFinalizer})
+		add(name, grantWrite{mutate: removeFinalizer, removesFinalizer: true})
 	}
 	for _, name := range d.AddFinalizer {
 		add(name, grantWrite{mutate: addFinalizer})
@@ -379,7 +381,8 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error {
 	skip := make([]bool, len(g.writes))
 	for i, w := range g.writes {
-		skip[i] = w.status != nil && r.statuses.landedSince(g.lg, *w.status)
+		skip[i] = (w.status != nil && r.statuses.landedSince(g.lg, *w.status)) ||
+			(w.removesFinalizer && r.statuses.finalizerRemoved(g.lg.UID))
 	}
 	r.statuses.rebase(g.lg)
 	for i, w := range g.writes {
@@ -389,8 +392,11 @@ func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error 
 		if err := r.patchGrant(ctx, g.lg, w.status != nil, w.mutate); err != nil {
 			return err
 		}
-		if w.status != nil {
+		switch {
+		case w.status != nil:
 			r.statuses.wrote(g.lg, *w.status)
+		case w.removesFinalizer:
+			r.statuses.removedFinalizer(g.lg.UID)
 		}
 	}
 	return nil

@@ -56,6 +56,12 @@ type statusMirror struct {
 	mu     sync.Mutex
 	since  map[types.UID]deferral
 	landed map[types.UID]landing
+	// unfinalized: LockGrants whose release finalizer this issuer removed,
+	// and when. Being deleted, such a LockGrant is gone once the finalizer
+	// is; until the cache shows it gone, every decision on its resource
+	// plans the removal again (the collector deletes many at once), and
+	// sending it would be a 404 or 409 through the LockGrant webhook.
+	unfinalized map[types.UID]time.Time
 }
 
 // landing is a status this issuer wrote, and the resourceVersion its write
@@ -82,7 +88,7 @@ type deferral struct {
 }
 
 func newStatusMirror(now func() time.Time) *statusMirror {
-	return &statusMirror{now: now, since: map[types.UID]deferral{}, landed: map[types.UID]landing{}}
+	return &statusMirror{now: now, since: map[types.UID]deferral{}, landed: map[types.UID]landing{}, unfinalized: map[types.UID]time.Time{}}
 }
 
 // due returns the statuses to write now, in the planned order, and how long
@@ -122,6 +128,38 @@ func (f *statusMirror) wrote(lg *locksv1.LockGrant, status locksv1.LockGrantStat
 		f.landed = map[types.UID]landing{} // only a saving is lost: the cache decides
 	}
 	f.landed[lg.UID] = landing{resourceVersion: lg.ResourceVersion, status: status, at: f.now()}
+}
+
+// removedFinalizer records that this issuer removed uid's release finalizer.
+func (f *statusMirror) removedFinalizer(uid types.UID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.now()
+	if len(f.unfinalized) >= maxDeferredStatuses {
+		for u, at := range f.unfinalized {
+			if now.Sub(at) > landedMemory {
+				delete(f.unfinalized, u)
+			}
+		}
+	}
+	if len(f.unfinalized) < maxDeferredStatuses { // else only a saving is lost
+		f.unfinalized[uid] = now
+	}
+}
+
+// finalizerRemoved reports whether this issuer removed uid's release
+// finalizer within landedMemory: a removal planned again from a cache that
+// has not shown the LockGrant gone is not sent. Past it the cache decides
+// again.
+func (f *statusMirror) finalizerRemoved(uid types.UID) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.unfinalized[uid]
+	if ok && f.now().Sub(at) > landedMemory {
+		delete(f.unfinalized, uid)
+		return false
+	}
+	return ok
 }
 
 // ownEcho reports whether lg is the cache delivering a status write of

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -272,5 +273,34 @@ func TestStatusMirrorRebase(t *testing.T) {
 	lg := view("9")
 	if f.rebase(lg); lg.ResourceVersion != "9" {
 		t.Errorf("rebased onto a write %v old", landedMemory)
+	}
+}
+
+// A finalizer this issuer removed is not removed again while the cache has
+// not shown its LockGrant gone; past landedMemory the cache decides again,
+// and the memory stays bounded.
+func TestStatusMirrorRemembersFinalizerRemovals(t *testing.T) {
+	now := time.Unix(1000, 0)
+	f := newStatusMirror(func() time.Time { return now })
+	if f.finalizerRemoved("uid-a") {
+		t.Fatal("a removal remembered before any")
+	}
+	f.removedFinalizer("uid-a")
+	now = now.Add(landedMemory)
+	if !f.finalizerRemoved("uid-a") || f.finalizerRemoved("uid-b") {
+		t.Fatal("the removal of uid-a is not remembered, or another LockGrant's is")
+	}
+	now = now.Add(time.Second)
+	if f.finalizerRemoved("uid-a") {
+		t.Fatalf("a removal remembered past %v", landedMemory)
+	}
+	for i := range 2 * maxDeferredStatuses {
+		f.removedFinalizer(types.UID(fmt.Sprint(i)))
+		if i == maxDeferredStatuses {
+			now = now.Add(landedMemory + time.Second) // the first ones are old by the bound
+		}
+	}
+	if n := len(f.unfinalized); n > maxDeferredStatuses {
+		t.Fatalf("%d removals remembered, bound %d", n, maxDeferredStatuses)
 	}
 }
