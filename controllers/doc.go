@@ -35,7 +35,9 @@
 //     fencekeeper.dev/enrolled label on every namespace that holds an entry,
 //     so unlabelled objects there reach the acceptance webhook.
 //   - EndedGrantCollector (collector.go) deletes LockGrants ended longer than
-//     the retention, except those recording an unresolved write.
+//     the retention, and the oldest beyond a count, except those recording an
+//     unresolved write. It keeps them in an index ordered by end time, fed by
+//     the informer, so a pass looks only at what is due.
 //
 // Setup (setup.go) wires them into a manager; CacheOptions (cache.go) keeps
 // only what they read of tenants' objects, indexes.go indexes the LockGrants
