@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -132,17 +133,34 @@ func (c *EndedGrantCollector) Start(ctx context.Context) error {
 		if err := c.collect(ctx); err != nil && ctx.Err() == nil {
 			ctrl.LoggerFrom(ctx).Error(err, "collecting ended LockGrants")
 		}
+		// A wake-up asks again at every event while over the count; at
+		// most one pass a second, so failing deletes do not run hot.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(minPassInterval):
+		}
 	}
 }
 
-// collect runs one pass over the entries that are due, oldest first.
+// minPassInterval is the least time between two passes.
+const minPassInterval = time.Second
+
+// collect runs one pass over the entries that are due, oldest first. An
+// entry whose delete fails stays due and the pass goes on with the others:
+// one LockGrant the API server refuses to delete does not keep the rest.
+// It returns the first error.
 func (c *EndedGrantCollector) collect(ctx context.Context) error {
+	var first error
 	for _, e := range c.index.due(c.Clock.Now(), c.Retention, c.MaxCount) {
 		if err := c.collectOne(ctx, e); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			first = cmp.Or(first, err)
 		}
 	}
-	return nil
+	return first
 }
 
 // collectOne deletes the LockGrant of a due entry if the cache still holds it

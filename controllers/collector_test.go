@@ -348,3 +348,23 @@ func TestEndedIndexStaysBounded(t *testing.T) {
 		t.Fatalf("due %v; want only the first", got)
 	}
 }
+
+// A delete the API server refuses (its webhook down, say) keeps that entry
+// due and does not keep the pass from the others behind it.
+func TestCollectorGoesOnPastAFailingDelete(t *testing.T) {
+	ct := newCollectorTest(t, time.Minute, -1)
+	ct.set(ended("failing", locksv1.PhaseReleased))
+	ct.set(ended("behind", locksv1.PhaseReleased))
+	ct.clock.Step(time.Minute)
+	ct.cache.refuse["failing"] = apierrors.NewInternalError(fmt.Errorf("webhook unreachable"))
+	ct.cache.deleted = nil
+	if err := ct.c.collect(context.Background()); err == nil {
+		t.Fatal("a failed delete not reported")
+	}
+	if !slices.Equal(ct.cache.deleted, []string{"behind"}) {
+		t.Fatalf("deleted %v; want [behind]", ct.cache.deleted)
+	}
+	if got := ct.due(); !slices.Equal(got, []string{"failing"}) {
+		t.Fatalf("due after the failure: %v; want [failing]", got)
+	}
+}
