@@ -102,13 +102,13 @@ func TestQuickBench(t *testing.T) {
 		positive("sweep fencekeeper cycles/s", p.Fencekeeper)
 		positive("sweep raw cycles/s", p.Raw)
 	}
-	// handoff p50 and p99 against the floor, the raw ratio and the
-	// one-write floor; expiry;
+	// handoff waiters queued, p50 and p99 against the floor, the raw ratio
+	// and the one-write floor; expiry;
 	// throughput against both floors, writes in the window and at steady
 	// state, operator CPU, the raw ratio and one line per sweep point;
 	// webhook overhead and ratio at one rate; scale handoff, webhook,
 	// create and RSS; non-target.
-	want := 4 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 4 + 1
+	want := 5 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 4 + 1
 	if len(rep.Targets) != want {
 		t.Errorf("%d target lines, want %d", len(rep.Targets), want)
 	}

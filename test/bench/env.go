@@ -48,6 +48,9 @@ type env struct {
 	// floor: the custom-resource floor's CRDs, RBAC and create webhook are
 	// installed (floor.go).
 	floor bool
+	// stalls: release handoffs whose waiter was not seen queued within a
+	// minute (waitQueued), with what the registry showed.
+	stalls []string
 	// runCtx lives as long as the run: what the env serves (the floor's
 	// webhook) stops with it.
 	runCtx context.Context

@@ -198,12 +198,16 @@ func (f *floorLoop) cycle(ctx context.Context) error {
 	})
 }
 
+// floorResourceLabel names a floor LockGrant's registry object, so that a
+// floor issuer watches only its own.
+const floorResourceLabel = "bench.fencekeeper.dev/floor-resource"
+
 // floorOperationRoot is the operationRoot of every floor request.
 var floorOperationRoot = "sha256:" + strings.Repeat("ab", 32)
 
 // createFloorGrant creates the floor LockGrant name for resource, as owner.
 func createFloorGrant(ctx context.Context, dyn dynamic.Interface, ns, resource, name, owner string) (*unstructured.Unstructured, error) {
-	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: locksv1.LockGrantSpec{
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{floorResourceLabel: resource}}, Spec: locksv1.LockGrantSpec{
 		Resource: resource, Owner: owner, RequestID: name, Lease: "lease-" + name, OperationRoot: floorOperationRoot}}
 	u, err := toFloor(lg, "LockGrant")
 	if err != nil {

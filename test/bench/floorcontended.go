@@ -64,8 +64,9 @@ func followFloorRegistry(ctx context.Context, dyn dynamic.Interface, ns, name st
 	return f, nil
 }
 
-// await returns once the registry shows a holder for which ok is true.
-func (f *floorFollower) await(ctx context.Context, ok func(holder string) bool) error {
+// await returns once the registry shows a holder for which ok is true, or
+// the issuer iss stopped.
+func (f *floorFollower) await(ctx context.Context, iss *floorIssuer, ok func(holder string) bool) error {
 	for {
 		f.mu.Lock()
 		holder, changed, err := f.holder, f.changed, f.err
@@ -78,6 +79,9 @@ func (f *floorFollower) await(ctx context.Context, ok func(holder string) bool) 
 		}
 		select {
 		case <-changed:
+		case <-iss.dead:
+			_, err := iss.resourceVersion()
+			return err
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -90,6 +94,7 @@ type floorContender struct {
 	ns, resource  string
 	owner, prefix string
 	follow        *floorFollower
+	iss           *floorIssuer
 	n             int
 }
 
@@ -99,13 +104,13 @@ func (c *floorContender) cycle(ctx context.Context) error {
 	if _, err := createFloorGrant(ctx, c.dyn, c.ns, c.resource, name, c.owner); err != nil {
 		return err
 	}
-	if err := c.follow.await(ctx, func(h string) bool { return h == name }); err != nil {
+	if err := c.follow.await(ctx, c.iss, func(h string) bool { return h == name }); err != nil {
 		return err
 	}
 	if err := releaseFloorGrant(ctx, c.dyn, c.ns, name); err != nil {
 		return err
 	}
-	return c.follow.await(ctx, func(h string) bool { return h != name })
+	return c.follow.await(ctx, c.iss, func(h string) bool { return h != name })
 }
 
 // contendedFloor starts a floor issuer on each of resources registry
@@ -119,6 +124,7 @@ func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, c
 	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
 		return nil, err
 	}
+	issuers := make([]*floorIssuer, resources)
 	for r := 0; r < resources; r++ {
 		rc, _, err := e.user("floor-issuer", localcp.WorkersGroup)
 		if err != nil {
@@ -128,7 +134,7 @@ func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, c
 		if err != nil {
 			return nil, err
 		}
-		if _, err := startFloorIssuer(ctx, dyn, ns, fmt.Sprintf("%s-%d", prefix, r), &tmpl, false); err != nil {
+		if issuers[r], err = startFloorIssuer(ctx, dyn, ns, fmt.Sprintf("%s-%d", prefix, r), &tmpl, false); err != nil {
 			return nil, err
 		}
 	}
@@ -149,7 +155,7 @@ func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, c
 		if err != nil {
 			return nil, err
 		}
-		fc := &floorContender{dyn: dyn, ns: ns, resource: resource, owner: owner, prefix: fmt.Sprintf("%s-c%d", resource, c), follow: follow}
+		fc := &floorContender{dyn: dyn, ns: ns, resource: resource, owner: owner, prefix: fmt.Sprintf("%s-c%d", resource, c), follow: follow, iss: issuers[c%resources]}
 		out = append(out, fc.cycle)
 	}
 	return out, nil

@@ -50,6 +50,7 @@ type floorIssuer struct {
 	queue  []floorRequest
 	queued chan string // names of LockGrants queued (or granted at once); nil: not told
 	err    error
+	dead   chan struct{} // closed when the issuer stopped (err says why)
 }
 
 type floorRequest struct {
@@ -72,12 +73,23 @@ func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name strin
 	if notify {
 		f.queued = make(chan string, 16)
 	}
-	w, err := dyn.Resource(floorLG).Namespace(ns).Watch(ctx, metav1.ListOptions{})
+	// Only this registry object's LockGrants (floorResourceLabel): another
+	// floor's traffic in the namespace is not this issuer's work.
+	w, err := dyn.Resource(floorLG).Namespace(ns).Watch(ctx, metav1.ListOptions{LabelSelector: floorResourceLabel + "=" + name})
 	if err != nil {
 		return nil, err
 	}
+	f.dead = make(chan struct{})
 	go func() {
 		defer w.Stop()
+		defer close(f.dead)
+		defer func() {
+			f.mu.Lock()
+			if f.err == nil {
+				f.err = fmt.Errorf("floor issuer of %s: its LockGrant watch ended", name)
+			}
+			f.mu.Unlock()
+		}()
 		for ev := range w.ResultChan() {
 			lg, ok := ev.Object.(*unstructured.Unstructured)
 			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
@@ -199,6 +211,7 @@ func (w floorWorker) waitHolder(ctx context.Context, ns, resource, name, rv stri
 	wt, err := w.dyn.Resource(floorFR).Namespace(ns).Watch(ctx, metav1.ListOptions{
 		FieldSelector: "metadata.name=" + resource, ResourceVersion: rv})
 	if err != nil {
+		close(watching) // the caller goes on, and finds the error
 		return 0, time.Time{}, err
 	}
 	defer wt.Stop()

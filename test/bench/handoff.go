@@ -147,8 +147,29 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, ph *phas
 			l, err := next.c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: reqID})
 			ch <- acquired{l, time.Now(), err}
 		}()
-		if _, err := ph.wait(ctx, next.c.LockGrantName(resource, reqID), locksv1.PhasePending); err != nil {
-			return nil, err
+		if err := e.waitQueued(ctx, ph, ns, resource, next.c.LockGrantName(resource, reqID)); err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			// Not seen queued: a liveness failure, counted and judged;
+			// the handoff goes on unsampled.
+			e.mu.Lock()
+			e.stalls = append(e.stalls, err.Error())
+			e.mu.Unlock()
+			fmt.Fprintf(e.log, "   STALL: %v\n", err)
+			if err := holder.Release(ctx); err != nil {
+				return nil, fmt.Errorf("release after a stall: %w", err)
+			}
+			select {
+			case r := <-ch:
+				if r.err != nil {
+					return nil, fmt.Errorf("waiter acquire after a stall: %w", r.err)
+				}
+				holder = r.lock
+			case <-time.After(time.Minute):
+				return nil, fmt.Errorf("the waiter did not hold within a minute of the release after a stall: %w", err)
+			}
+			continue
 		}
 		select {
 		case <-watching:
@@ -182,6 +203,29 @@ func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, ph *phas
 		holder = r.lock
 	}
 	return out, holder.Release(ctx)
+}
+
+// waitQueued waits until the LockGrant name is queued behind the holder
+// (Pending, or in the registry's queue). A waiter never queued is a
+// liveness failure of the operator: after a minute the error says what the
+// registry and the LockGrant show, instead of the bench waiting forever.
+func (e *env) waitQueued(ctx context.Context, ph *phases, ns, resource, name string) error {
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_, err := ph.wait(wctx, name, locksv1.PhasePending)
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	var fr locksv1.FencedResource
+	var lg locksv1.LockGrant
+	frErr := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: resource}, &fr)
+	lgErr := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &lg)
+	holder := "none"
+	if h := fr.Status.Holder; h != nil {
+		holder = fmt.Sprintf("%s (fence %d)", h.GrantName, h.FenceToken)
+	}
+	return fmt.Errorf("%w; registry %s at %s (%v): holder %s, queue %v; LockGrant (%v): phase %q, conditions %v",
+		err, resource, fr.ResourceVersion, frErr, holder, fr.Status.Queue, lgErr, lg.Status.Phase, lg.Status.Conditions)
 }
 
 // handoffStages: where the time of a fencekeeper handoff goes, each stage

@@ -12,7 +12,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -607,7 +606,7 @@ func (res *pgstoreResult) write(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	raw, err := json.MarshalIndent(res, "", "  ")
+	raw, err := marshalFinite(res)
 	if err != nil {
 		return err
 	}

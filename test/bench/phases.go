@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -141,6 +143,11 @@ func (r *report) handoff(ctx context.Context, e *env, cfg *config, log io.Writer
 	h.LeaderElection = summarize(le)
 	pooled := fmt.Sprintf("all blocks: fencekeeper p50/p99 %s/%s ms, floor %s/%s ms, raw Lease %s/%s ms over %d handoffs each",
 		fmtF(h.Fencekeeper.P50), fmtF(h.Fencekeeper.P99), fmtF(h.Floor.P50), fmtF(h.Floor.P99), fmtF(h.Raw.P50), fmtF(h.Raw.P99), h.Fencekeeper.N)
+	e.mu.Lock()
+	stalls := slices.Clone(e.stalls)
+	e.mu.Unlock()
+	r.judge("release handoff waiters queued", "every waiter queued within a minute (stalls, all handoffs of the phase)", float64(len(stalls)), atMost(0), "",
+		strings.Join(stalls, "; "))
 	r.judgeTail("release handoff p50 against the floor", "fencekeeper p50 ≤ 1.2× the handoff floor's, per block", h.P50OverFloor, atMost(1.2), "×", pooled)
 	r.judgeTail("release handoff p99 against the floor", "fencekeeper p99 ≤ 1.3× the handoff floor's, per block", h.P99OverFloor, atMost(1.3), "×", "")
 	r.report("release handoff against raw Lease", "fencekeeper p50 / raw CAS+watch p50 (p99 in the detail)", ratio(h.Fencekeeper.P50, h.Raw.P50),

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -110,7 +109,7 @@ func (r *report) write(path string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", err
 	}
-	b, err := json.MarshalIndent(r, "", "  ")
+	b, err := marshalFinite(r)
 	if err != nil {
 		return "", err
 	}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"math"
+	"reflect"
 	"sort"
 	"time"
 )
@@ -42,4 +44,73 @@ func ratio(a, b float64) float64 {
 		return math.Inf(1)
 	}
 	return math.Round(a/b*100) / 100
+}
+
+// marshalFinite is json.MarshalIndent of a copy of v in which every float
+// that is not finite (a ratio over no sample, a figure not measured) reads
+// -1: JSON has no NaN or infinity, and one such figure must not cost the
+// whole results file.
+func marshalFinite(v any) ([]byte, error) {
+	return json.MarshalIndent(deepCopyFinite(reflect.ValueOf(v)).Interface(), "", "  ")
+}
+
+var jsonMarshaler = reflect.TypeFor[json.Marshaler]()
+
+// deepCopyFinite copies v, replacing non-finite floats by -1. A value that
+// marshals itself (time.Time) is kept as it is.
+func deepCopyFinite(v reflect.Value) reflect.Value {
+	if v.Type().Implements(jsonMarshaler) || reflect.PointerTo(v.Type()).Implements(jsonMarshaler) {
+		return v
+	}
+	switch v.Kind() {
+	case reflect.Float32, reflect.Float64:
+		out := reflect.New(v.Type()).Elem()
+		f := v.Float()
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			f = -1
+		}
+		out.SetFloat(f)
+		return out
+	case reflect.Pointer:
+		if v.IsNil() {
+			return v
+		}
+		out := reflect.New(v.Type().Elem())
+		out.Elem().Set(deepCopyFinite(v.Elem()))
+		return out
+	case reflect.Struct:
+		out := reflect.New(v.Type()).Elem()
+		for i := range v.NumField() {
+			if out.Field(i).CanSet() {
+				out.Field(i).Set(deepCopyFinite(v.Field(i)))
+			}
+		}
+		return out
+	case reflect.Slice:
+		if v.IsNil() {
+			return v
+		}
+		out := reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+		for i := range v.Len() {
+			out.Index(i).Set(deepCopyFinite(v.Index(i)))
+		}
+		return out
+	case reflect.Map:
+		if v.IsNil() {
+			return v
+		}
+		out := reflect.MakeMapWithSize(v.Type(), v.Len())
+		for it := v.MapRange(); it.Next(); {
+			out.SetMapIndex(it.Key(), deepCopyFinite(it.Value()))
+		}
+		return out
+	case reflect.Interface:
+		if v.IsNil() {
+			return v
+		}
+		out := reflect.New(v.Type()).Elem()
+		out.Set(deepCopyFinite(v.Elem()))
+		return out
+	}
+	return v
 }

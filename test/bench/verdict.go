@@ -131,6 +131,7 @@ func (r *report) addTarget(t target) {
 			t.Verdict = verdictFail
 		}
 	}
+	t.Repetitions = slices.Clone(t.Repetitions) // the caller's figures stay as measured
 	for i, v := range t.Repetitions {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			t.Repetitions[i] = -1

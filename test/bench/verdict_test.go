@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"math"
 	"testing"
+	"time"
 )
 
 func TestTailVerdict(t *testing.T) {
@@ -46,5 +48,29 @@ func TestTargetWithoutFigure(t *testing.T) {
 	}
 	if r.allPass() {
 		t.Error("allPass with a FAIL")
+	}
+}
+
+// The results file is written whatever figure was not measured: JSON has
+// no NaN or infinity, and they read -1; times keep their value.
+func TestResultsWithoutFigures(t *testing.T) {
+	at := time.Date(2026, 12, 5, 1, 2, 3, 0, time.UTC)
+	r := &report{Env: envInfo{Start: at}, Throughput: &throughputResult{OperatorCPUShare: math.NaN(), FloorOverRawContended: math.Inf(1),
+		OverFloorContended: []float64{1, math.NaN()}, Runs: []tputRun{{CPUPerCycle: map[string]float64{"x": math.Inf(-1)}}}}}
+	b, err := marshalFinite(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	tp := back.Throughput
+	if tp.OperatorCPUShare != -1 || tp.FloorOverRawContended != -1 || tp.OverFloorContended[1] != -1 || tp.OverFloorContended[0] != 1 ||
+		tp.Runs[0].CPUPerCycle["x"] != -1 || !back.Env.Start.Equal(at) {
+		t.Errorf("written as %s", b)
+	}
+	if !math.IsNaN(r.Throughput.OperatorCPUShare) {
+		t.Error("the report itself was changed")
 	}
 }
