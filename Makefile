@@ -233,7 +233,7 @@ chaos: control-plane controller-manager ## Fault schedules on a replicated contr
 # make test runs it quick): its own durable server, fenced segments against
 # plain transactions.
 .PHONY: bench
-bench: control-plane postgres ## Benchmarks vs raw baselines in one run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL, writes bin/bench/results.json; then the PostgreSQL store vs plain transactions, bin/bench/pgstore.json (BENCH_FLAGS=-quick for a smoke run).
+bench: control-plane postgres ## Benchmarks against floors measured in the same run: handoff, expiry, throughput, webhook overhead, scale; prints a table with PASS/FAIL/INCONCLUSIVE, writes bin/bench/results.json and SVG plots; then the PostgreSQL store vs plain transactions, bin/bench/pgstore.json (BENCH_FLAGS=-quick for a smoke run).
 	go run ./test/bench $(BENCH_FLAGS)
 	go test ./test/bench -count=1 -v -timeout 20m -run '^TestPGStoreBench$$' -args \
 	  $(if $(filter -quick,$(BENCH_FLAGS)),,-pgstore.full) $(if $(filter -fail-on-miss,$(BENCH_FLAGS)),-pgstore.fail-on-miss)
