@@ -110,7 +110,8 @@ func repsString(reps []float64) string {
 }
 
 // judgeTail records a line measured in repetitions, judged by tailVerdict;
-// its measured figure is the median.
+// its measured figure is the median. A line with no repetition measured
+// has no median and FAILs (addTarget): the run did not measure it.
 func (r *report) judgeTail(name, rule string, reps []float64, l limit, unit, detail string) {
 	median, v := tailVerdict(reps, l)
 	detail = strings.TrimSpace(fmt.Sprintf("repetitions %s. %s", repsString(reps), detail))
