@@ -130,6 +130,32 @@ func (e *env) installFloor(ctx context.Context) error {
 	return nil
 }
 
+// floorClient is a floor worker with its own identity whose mutating
+// requests count is told of.
+func (e *env) floorClient(count *countingTransport) (dynamic.Interface, string, error) {
+	rc, owner, err := e.user("floor", localcp.WorkersGroup)
+	if err != nil {
+		return nil, "", err
+	}
+	rc = rest.CopyConfig(rc)
+	rc.Wrap(count.wrap)
+	dyn, err := dynamic.NewForConfig(rc)
+	return dyn, owner, err
+}
+
+// floorTemplateOf installs the floor (once) and reads the FencedResource
+// whose status the floor's registry objects copy.
+func (e *env) floorTemplateOf(ctx context.Context, ns, template string) (*locksv1.FencedResource, error) {
+	if err := e.installFloor(ctx); err != nil {
+		return nil, err
+	}
+	var tmpl locksv1.FencedResource
+	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
+		return nil, err
+	}
+	return &tmpl, nil
+}
+
 // floorLoop is one client's resource in the floor run.
 type floorLoop struct {
 	dyn    dynamic.Interface

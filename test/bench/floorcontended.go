@@ -8,11 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/localcp"
 )
 
 // The contended floor: the contract's contended cycle with nothing else.
@@ -117,36 +112,23 @@ func (c *floorContender) cycle(ctx context.Context) error {
 // objects (named prefix-0…) and returns clients cyclers, spread over them
 // as fencekeeper's contended clients are.
 func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, clients, resources int, count *countingTransport) ([]cycler, error) {
-	if err := e.installFloor(ctx); err != nil {
-		return nil, err
-	}
-	var tmpl locksv1.FencedResource
-	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
+	tmpl, err := e.floorTemplateOf(ctx, ns, template)
+	if err != nil {
 		return nil, err
 	}
 	issuers := make([]*floorIssuer, resources)
 	for r := 0; r < resources; r++ {
-		rc, _, err := e.user("floor-issuer", localcp.WorkersGroup)
+		dyn, _, err := e.floorClient(&countingTransport{}) // the issuer's writes are not the clients'
 		if err != nil {
 			return nil, err
 		}
-		dyn, err := dynamic.NewForConfig(rc)
-		if err != nil {
-			return nil, err
-		}
-		if issuers[r], err = startFloorIssuer(ctx, dyn, ns, fmt.Sprintf("%s-%d", prefix, r), &tmpl, false); err != nil {
+		if issuers[r], err = startFloorIssuer(ctx, dyn, ns, fmt.Sprintf("%s-%d", prefix, r), tmpl, false); err != nil {
 			return nil, err
 		}
 	}
 	var out []cycler
 	for c := 0; c < clients; c++ {
-		rc, owner, err := e.user("floor", localcp.WorkersGroup)
-		if err != nil {
-			return nil, err
-		}
-		rc = rest.CopyConfig(rc)
-		rc.Wrap(count.wrap)
-		dyn, err := dynamic.NewForConfig(rc)
+		dyn, owner, err := e.floorClient(count)
 		if err != nil {
 			return nil, err
 		}

@@ -8,11 +8,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
-	"github.com/fencekeeper/fencekeeper/internal/localcp"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
 )
 
@@ -38,11 +35,8 @@ const oneWriteLabel = "bench.fencekeeper.dev/one-write"
 func (e *env) oneWriteHandoffs(ctx context.Context, ns, resource, template string, warmup, n int) ([]time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := e.installFloor(ctx); err != nil {
-		return nil, err
-	}
-	var tmpl locksv1.FencedResource
-	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
+	tmpl, err := e.floorTemplateOf(ctx, ns, template)
+	if err != nil {
 		return nil, err
 	}
 	if err := e.observeFloor(ctx, ns); err != nil {
@@ -50,17 +44,13 @@ func (e *env) oneWriteHandoffs(ctx context.Context, ns, resource, template strin
 	}
 	var ws [2]floorWorker
 	for i := range ws {
-		rc, owner, err := e.user("floor", localcp.WorkersGroup)
-		if err != nil {
-			return nil, err
-		}
-		dyn, err := dynamic.NewForConfig(rc)
+		dyn, owner, err := e.floorClient(&countingTransport{})
 		if err != nil {
 			return nil, err
 		}
 		ws[i] = floorWorker{dyn: dyn, owner: owner}
 	}
-	fr, st, err := createFloorRegistry(ctx, ws[0].dyn, ns, resource, &tmpl)
+	fr, st, err := createFloorRegistry(ctx, ws[0].dyn, ns, resource, tmpl)
 	if err != nil {
 		return nil, err
 	}

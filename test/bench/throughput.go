@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -339,30 +338,21 @@ func sumValues(m map[string]float64) float64 {
 // clients as the other runs, each on its own registry object copying the
 // status of fencekeeper's registry object template.
 func (e *env) floorCyclers(ctx context.Context, cfg *config, ns, template string, count *countingTransport) ([]cycler, error) {
-	if err := e.installFloor(ctx); err != nil {
-		return nil, err
-	}
-	var tmpl locksv1.FencedResource
-	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
+	tmpl, err := e.floorTemplateOf(ctx, ns, template)
+	if err != nil {
 		return nil, err
 	}
 	var cyclers []cycler
 	for c := 0; c < cfg.clients; c++ {
-		rc, owner, err := e.user("floor", localcp.WorkersGroup)
+		dyn, owner, err := e.floorClient(count)
 		if err != nil {
 			return nil, err
 		}
-		rc = rest.CopyConfig(rc)
-		rc.Wrap(count.wrap)
-		dyn, err := dynamic.NewForConfig(rc)
+		signed, err := floorTemplate(tmpl, owner)
 		if err != nil {
 			return nil, err
 		}
-		signed, err := floorTemplate(&tmpl, owner)
-		if err != nil {
-			return nil, err
-		}
-		loop, err := newFloorLoop(ctx, dyn, ns, fmt.Sprintf("floor-r%d", c), &tmpl, signed)
+		loop, err := newFloorLoop(ctx, dyn, ns, fmt.Sprintf("floor-r%d", c), tmpl, signed)
 		if err != nil {
 			return nil, err
 		}
