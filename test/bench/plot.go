@@ -74,7 +74,9 @@ func (p plot) svg() []byte {
 	if hi == lo {
 		hi++
 	}
-	px := func(x float64) float64 { return plotLeft + (math.Log10(max(x, xMin))-lo)/(hi-lo)*plotInnerW }
+	px := func(x float64) float64 {
+		return plotLeft + (math.Log10(max(x, math.Pow(10, lo)))-lo)/(hi-lo)*plotInnerW
+	}
 	py := func(y float64) float64 { return plotTop + plotInnerH - y/yMax*plotInnerH }
 	// Grid: 1, 2 and 5 of each decade; five horizontal lines.
 	for d := lo; d <= hi; d++ {
