@@ -272,7 +272,7 @@ var _ = Describe("the worker client", func() {
 		// LockGrant status writes hang until the gate opens: the issuer
 		// writes them after the compare-and-swap that ends the grant, and
 		// on a loaded API server they come late.
-		openGate, _ := holdGrantStatusWrites("held-up-final-status")
+		openGate, _ := holdGrantStatusWrites("held-up-final-status", ns)
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
 		c, _ := faultyWorker(ns, "worker-a")
 		l := mustAcquire(c, "batch", "job-1")

@@ -418,7 +418,7 @@ var _ = Describe("the lock registry", func() {
 		// LockGrant status writes hang until the gate opens, as on an API
 		// server a tenant loads. A pass that wrote them itself held the next
 		// release up until they landed.
-		openGate, blocked := holdGrantStatusWrites("held-up-statuses")
+		openGate, blocked := holdGrantStatusWrites("held-up-statuses", ns)
 		holder := func() string {
 			if h := getFR(ns, "batch").Status.Holder; h != nil {
 				return h.Owner
@@ -451,12 +451,12 @@ var _ = Describe("the lock registry", func() {
 // holdGrantStatusWrites replaces the primary issuer with one whose
 // LockGrant status writes hang until openGate is called (at the latest when
 // the spec ends); blocked counts the writes that reached the gate.
-func holdGrantStatusWrites(name string) (openGate func(), blocked *atomic.Int32) {
+func holdGrantStatusWrites(name, namespace string) (openGate func(), blocked *atomic.Int32) {
 	primary.stop()
 	gate := make(chan struct{})
 	blocked = &atomic.Int32{}
 	slow := startOperator(name, issuerClock, controllers.Options{WrapClient: func(c client.Client) client.Client {
-		return &gatedGrantStatusWrites{Client: c, gate: gate, blocked: blocked}
+		return &gatedGrantStatusWrites{Client: c, namespace: namespace, gate: gate, blocked: blocked}
 	}})
 	var once sync.Once
 	openGate = func() { once.Do(func() { close(gate) }) }
@@ -465,25 +465,30 @@ func holdGrantStatusWrites(name string) (openGate func(), blocked *atomic.Int32)
 	return openGate, blocked
 }
 
-// gatedGrantStatusWrites holds every LockGrant status write until gate closes.
+// gatedGrantStatusWrites holds every status write of a LockGrant in
+// namespace until gate closes. Only the spec's own: the operator also
+// settles what earlier specs left in other namespaces, and holding those
+// writes too would keep its workers from the spec's resource.
 type gatedGrantStatusWrites struct {
 	client.Client
-	gate    chan struct{}
-	blocked *atomic.Int32
+	namespace string
+	gate      chan struct{}
+	blocked   *atomic.Int32
 }
 
 func (g *gatedGrantStatusWrites) Status() client.SubResourceWriter {
-	return &gatedStatus{SubResourceWriter: g.Client.Status(), gate: g.gate, blocked: g.blocked}
+	return &gatedStatus{SubResourceWriter: g.Client.Status(), namespace: g.namespace, gate: g.gate, blocked: g.blocked}
 }
 
 type gatedStatus struct {
 	client.SubResourceWriter
-	gate    chan struct{}
-	blocked *atomic.Int32
+	namespace string
+	gate      chan struct{}
+	blocked   *atomic.Int32
 }
 
 func (g *gatedStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	if _, ok := obj.(*locksv1.LockGrant); ok {
+	if _, ok := obj.(*locksv1.LockGrant); ok && obj.GetNamespace() == g.namespace {
 		g.blocked.Add(1)
 		select {
 		case <-g.gate:
