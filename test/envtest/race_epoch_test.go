@@ -117,8 +117,9 @@ var _ = Describe("issuer epochs", Ordered, func() {
 		takeover := primary.clock.Now()
 		newEpoch := primary.issuer.Epoch()
 		Expect(newEpoch).To(BeNumerically(">", oldEpoch))
-		// A takeover writes every FencedResource once (its issuer epoch); earlier
-		// specs leave hundreds behind, so give it time.
+		// A takeover writes every FencedResource someone holds or waits on once
+		// (an idle one adopts the epoch with its next write); earlier specs
+		// leave hundreds behind, so give it time.
 		Eventually(func() time.Time {
 			return getGrant(ns, a.Name).Status.ExpiresAt.Time
 		}, 20*time.Second, 20*time.Millisecond).Should(BeTemporally("~", takeover.Add(30*time.Second), time.Millisecond))
@@ -152,6 +153,48 @@ var _ = Describe("issuer epochs", Ordered, func() {
 			}
 			return ""
 		}).Should(Equal(locksv1.ReasonEpochRevoked))
+	})
+
+	It("leaves an idle FencedResource unwritten at a takeover until its next grant adopts the new epoch", func() {
+		ns := newNamespace()
+		newFencedResource(ns, "held", 30)
+		newFencedResource(ns, "idle", 30)
+		oldEpoch := primary.issuer.Epoch()
+		a := request(ns, "held", "worker-a", "a")
+		waitPhase(a, locksv1.PhaseHeld)
+		b := request(ns, "idle", "worker-b", "b") // used once, then idle
+		waitPhase(b, locksv1.PhaseHeld)
+		release(b)
+		waitPhase(b, locksv1.PhaseReleased)
+		Eventually(func() *locksv1.Holder { return getFR(ns, "idle").Status.Holder }).Should(BeNil())
+
+		primary.stop()
+		idle := getFR(ns, "idle")
+		Expect(idle.Status.IssuerEpoch).To(Equal(oldEpoch))
+		primary.clock.Step(25 * time.Second)
+		primary = startOperator("takeover-idle", primary.clock, controllers.Options{})
+		takeover := primary.clock.Now()
+		newEpoch := primary.issuer.Epoch()
+		Expect(newEpoch).To(BeNumerically(">", oldEpoch))
+		// The held lease is extended and written at once (the webhook judges
+		// expiry from the registry's holder record) ...
+		Eventually(func() time.Time {
+			return getFR(ns, "held").Status.Holder.ExpiresAt.Time
+		}, 20*time.Second, 20*time.Millisecond).Should(BeTemporally("~", takeover.Add(30*time.Second), time.Millisecond))
+		Expect(getFR(ns, "held").Status.IssuerEpoch).To(Equal(newEpoch))
+		// ... while the idle one, decided again, is not written at all.
+		primary.issuer.ResyncAll()
+		Consistently(func() string {
+			return getFR(ns, "idle").ResourceVersion
+		}, 3*time.Second, 50*time.Millisecond).Should(Equal(idle.ResourceVersion), "the takeover wrote an idle FencedResource")
+		Expect(getFR(ns, "idle").Status.IssuerEpoch).To(Equal(oldEpoch))
+
+		// Its next grant is issued under the new epoch, and that write adopts it.
+		c := request(ns, "idle", "worker-c", "c")
+		heldC := waitPhase(c, locksv1.PhaseHeld)
+		Expect(heldC.Status.Grant.IssuerEpoch).To(Equal(newEpoch))
+		Expect(heldC.Status.Grant.FenceToken).To(Equal(int64(2)))
+		Expect(getFR(ns, "idle").Status.IssuerEpoch).To(Equal(newEpoch))
 	})
 })
 

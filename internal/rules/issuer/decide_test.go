@@ -201,6 +201,32 @@ func TestDecideEpochTakeoverAndRevocation(t *testing.T) {
 	}
 }
 
+// An idle entry is not written for a takeover alone; the next grant adopts the epoch.
+func TestDecideIdleEntryAdoptsEpochLazily(t *testing.T) {
+	f := fr(30)
+	grants := []locksv1.LockGrant{lg("a", 0)}
+	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 4, TakeoverAt: t0, Signer: testSigner(t)}
+	apply(t, in)
+	grants[0].Spec.Release = true
+	apply(t, in)
+	if out := apply(t, in); out.StatusChanged || f.Status.Holder != nil {
+		t.Fatalf("not idle: changed %v, holder %+v", out.StatusChanged, f.Status.Holder)
+	}
+	before := *f.Status.DeepCopy()
+	in.Epoch, in.TakeoverAt, in.Now = 5, t0.Add(time.Minute), t0.Add(time.Minute)
+	out := apply(t, in)
+	if out.StatusChanged || out.Superseded || len(out.Events) != 0 || !equality.Semantic.DeepEqual(out.Status, before) {
+		t.Fatalf("the takeover wrote an idle entry: changed %v, epoch %d, events %+v", out.StatusChanged, out.Status.IssuerEpoch, out.Events)
+	}
+	// The next arrival is issued under epoch 5, and that write adopts it.
+	grants = append(grants, lg("b", time.Minute))
+	in.Grants = grants
+	out = apply(t, in)
+	if !out.StatusChanged || grants[1].Status.Phase != locksv1.PhaseHeld || f.Status.Holder.IssuerEpoch != 5 || f.Status.IssuerEpoch != 5 {
+		t.Fatalf("arrival after the takeover: %s, holder %+v, status epoch %d", phases(grants), f.Status.Holder, f.Status.IssuerEpoch)
+	}
+}
+
 func TestDecideHolderDeletedAndFinalizers(t *testing.T) {
 	f := fr(10)
 	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -31,6 +32,42 @@ func adoptEpoch(v *view) []Event {
 	h.ExpiresAt = metav1.NewMicroTime(ext)
 	return []Event{{h.GrantUID, "Normal", locksv1.EventReasonLeaseExtended,
 		fmt.Sprintf("issuer epoch %d took over; lease of fence %d extended to %s", in.Epoch, h.FenceToken, ext.UTC().Format(time.RFC3339))}}
+}
+
+// deferIdleAdoption leaves an idle entry (no holder, empty queue) at the
+// issuer epoch it has when adopting this issuer's epoch is all the decision
+// would write: a takeover or a key rotation then costs a write only for the
+// entries someone holds or waits on, not one compare-and-swap per entry, and
+// the next write for another reason (an arrival issued, a policy change)
+// adopts the epoch. A held lease is still written at once: the acceptance
+// webhook judges expiry from the registry holder's expiresAt, so its
+// extension must be in the registry, and so is an entry with a queue.
+//
+// Why an unwritten epoch is safe:
+//   - fences are still allocated only by a compare-and-swap on the entry;
+//   - a grant carries the issuer's epoch at issue (issueToHead uses
+//     Input.Epoch), never the entry's, and revocation (revokedBelowEpoch) and
+//     the webhook judge the grant's epoch;
+//   - an idle entry has no lease to extend, and the first holder it gets
+//     after the takeover is issued by a decision that adopts the epoch;
+//   - Superseded (entry epoch above the issuer's) protects an unadopted idle
+//     entry no less than before: until a takeover's writes reached it, it was
+//     unadopted as well. A deposed issuer still deciding can issue it a grant
+//     by compare-and-swap, under its own epoch; that write makes the new
+//     issuer decide the entry, find the grant held and adopt it like any held
+//     lease, which supersedes the deposed one there. That is what it could do
+//     before the takeover's write reached the entry; the window now lasts
+//     until the entry is next written rather than until the sweep reached it.
+func deferIdleAdoption(v *view) {
+	old := &v.in.Resource.Status
+	if v.st.IssuerEpoch == old.IssuerEpoch || v.st.Holder != nil || len(v.st.Queue) > 0 {
+		return
+	}
+	kept := v.st
+	kept.IssuerEpoch = old.IssuerEpoch
+	if equality.Semantic.DeepEqual(kept, *old) {
+		v.st.IssuerEpoch = old.IssuerEpoch
+	}
 }
 
 // GrantFacts is what decides whether, and why, a grant that held has ended.

@@ -8,7 +8,8 @@
 //
 //  1. servedRequests: one LockGrant per owner and requestID is served.
 //     (A registry already under a newer issuer epoch: Superseded, nothing decided.)
-//  2. adoptEpoch: a newer issuer epoch takes over and extends held leases.
+//  2. adoptEpoch: a newer issuer epoch takes over and extends held leases
+//     (an idle entry adopts it lazily, see step 8).
 //  3. settleHolder: the holder renews, or its grant ends (Ending says why).
 //  4. rebuildQueue: drop requests that can no longer be served, append
 //     arrivals FIFO (each to be confirmed by the caller, see Decision.Unconfirmed).
@@ -20,7 +21,11 @@
 //     holdUnconfirmed: with Input.ConfirmLater, while someone holds the
 //     lock, arrivals not yet confirmed stay out of it until the caller's
 //     reads confirm them (Decision.Confirm), so no decision waits for them.
-//  8. mirrorGrants: the LockGrant statuses and finalizers that follow.
+//  8. deferIdleAdoption: an idle entry (no holder, empty queue) whose only
+//     change would be the new issuer epoch is not written; its next write
+//     for another reason adopts the epoch, so a takeover writes only the
+//     entries someone holds or waits on.
+//  9. mirrorGrants: the LockGrant statuses and finalizers that follow.
 //
 // The caller commits Decision.Status with one compare-and-swap on the
 // FencedResource's resourceVersion; only then are the fence and every other
@@ -163,6 +168,7 @@ func Decide(in Input) (Decision, error) {
 	deferArrivals(v, &d, arrivals)
 	holdUnconfirmed(v, &d, arrivals)
 	d.Deferred.Since = chainStart(&in, &d)
+	deferIdleAdoption(v)
 	d.Status = v.st
 	d.StatusChanged = !equality.Semantic.DeepEqual(v.st, fr.Status)
 	mirrorGrants(v, &d, ended)

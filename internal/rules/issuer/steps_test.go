@@ -139,6 +139,48 @@ func TestAdoptEpoch(t *testing.T) {
 	}
 }
 
+func TestDeferIdleAdoption(t *testing.T) {
+	ready := func(f *locksv1.FencedResource) {
+		SetCondition(&f.Status.Conditions, f.Generation, locksv1.ConditionReady, true, locksv1.ReasonIssuing, "grants are issued")
+	}
+	for _, c := range []struct {
+		name   string
+		old    func(*locksv1.FencedResource)
+		next   func(*locksv1.FencedResourceStatus) // the status the earlier steps built
+		wantEp int64
+	}{
+		{"idle, only the epoch changes: not written", nil, nil, 1},
+		{"idle, something else changes too: the write adopts it", nil, func(st *locksv1.FencedResourceStatus) {
+			st.FenceToken = 8
+		}, 2},
+		{"held: written, the extension must reach the webhook", func(f *locksv1.FencedResource) {
+			f.Status.Holder = &locksv1.Holder{GrantUID: "uid-a", FenceToken: 7}
+		}, nil, 2},
+		{"waiters queued: written", func(f *locksv1.FencedResource) {
+			f.Status.Queue = []locksv1.QueuedGrant{{GrantName: "b", GrantUID: "uid-b"}}
+		}, nil, 2},
+		{"a holder issued just now: written", nil, func(st *locksv1.FencedResourceStatus) {
+			st.Holder = &locksv1.Holder{GrantUID: "uid-b", FenceToken: 8, IssuerEpoch: 2}
+		}, 2},
+	} {
+		f := fr(10)
+		f.Status.IssuerEpoch, f.Status.FenceToken = 1, 7
+		ready(f)
+		if c.old != nil {
+			c.old(f)
+		}
+		v := newView(t, &Input{Resource: f, Epoch: 2, TakeoverAt: t0})
+		v.st.IssuerEpoch = 2 // what adoptEpoch did
+		if c.next != nil {
+			c.next(&v.st)
+		}
+		deferIdleAdoption(v)
+		if v.st.IssuerEpoch != c.wantEp {
+			t.Errorf("%s: status epoch %d, want %d", c.name, v.st.IssuerEpoch, c.wantEp)
+		}
+	}
+}
+
 func TestRebuildQueue(t *testing.T) {
 	f := fr(10)
 	f.Spec.AllowedOwners = []string{"owner-a", "owner-b", "owner-c", "owner-d", "owner-e"}
