@@ -1,0 +1,77 @@
+package controllers
+
+import (
+	"context"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+)
+
+func grantOn(resource string, phase locksv1.LockGrantPhase, change func(*locksv1.LockGrant)) *locksv1.LockGrant {
+	lg := &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lg-" + resource},
+		Spec: locksv1.LockGrantSpec{Resource: resource}, Status: locksv1.LockGrantStatus{Phase: phase}}
+	if change != nil {
+		change(lg)
+	}
+	return lg
+}
+
+func TestAsksNow(t *testing.T) {
+	now := metav1.Now()
+	for _, c := range []struct {
+		name string
+		lg   *locksv1.LockGrant
+		want bool
+	}{
+		{"new request", grantOn("a", "", nil), true},
+		{"queued behind a holder", grantOn("a", locksv1.PhasePending, nil), false},
+		{"held, nothing asked", grantOn("a", locksv1.PhaseHeld, nil), false},
+		{"held, release asked", grantOn("a", locksv1.PhaseHeld, func(lg *locksv1.LockGrant) { lg.Spec.Release = true }), true},
+		{"held, renewal asked", grantOn("a", locksv1.PhaseHeld, func(lg *locksv1.LockGrant) { lg.Spec.Renewals = 1 }), true},
+		{"held, being deleted", grantOn("a", locksv1.PhaseHeld, func(lg *locksv1.LockGrant) { lg.DeletionTimestamp = &now }), true},
+		{"released", grantOn("a", locksv1.PhaseReleased, func(lg *locksv1.LockGrant) { lg.Spec.Release = true }), false},
+	} {
+		if got := asksNow(c.lg); got != c.want {
+			t.Errorf("%s: asksNow = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A new leader's initial list queues every LockGrant's resource at low
+// priority; one asking for a decision goes ahead of those replayed before it.
+func TestAskingFirstQueuesWhatAsksAheadOfTheSweep(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	h := askingFirst{handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{grantResource(o.(*locksv1.LockGrant))}
+	})}
+	ctx := context.Background()
+	replay := func(lg *locksv1.LockGrant) {
+		h.Create(ctx, event.CreateEvent{Object: lg, IsInInitialList: true}, q)
+	}
+	for _, r := range []string{"idle-1", "idle-2", "idle-3"} {
+		replay(grantOn(r, locksv1.PhaseHeld, nil))
+	}
+	replay(grantOn("released", locksv1.PhaseHeld, func(lg *locksv1.LockGrant) { lg.Spec.Release = true }))
+	replay(grantOn("fresh", "", nil))
+
+	var order []string
+	for range 5 {
+		item, prio, _ := q.GetWithPriority()
+		order = append(order, item.Name)
+		if (item.Name == "released" || item.Name == "fresh") != (prio == 0) {
+			t.Errorf("%s queued at priority %d", item.Name, prio)
+		}
+		q.Done(item)
+	}
+	if order[0] == order[1] || !(order[0] == "released" || order[0] == "fresh") || !(order[1] == "released" || order[1] == "fresh") {
+		t.Fatalf("order = %v, want the release and the fresh request before the idle entries", order)
+	}
+}
