@@ -150,7 +150,7 @@ func TestOperatorStartsAgainWhenAPortIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = cp.Stop() }()
-	s, err := startSubprocess(ctx, cp, &config{maxReconciles: 1})
+	s, err := startSubprocess(ctx, cp, &config{maxReconciles: 1}, nil)
 	if err != nil {
 		t.Fatalf("operator not started: %v", err)
 	}

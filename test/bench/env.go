@@ -54,6 +54,9 @@ type env struct {
 	// runCtx lives as long as the run: what the env serves (the floor's
 	// webhook) stops with it.
 	runCtx context.Context
+	// svc: with -failover, the operator's webhooks are reached through it,
+	// as through a Service (failover.go).
+	svc *webhookService
 }
 
 // operatorProcess is the operator under test: cmd/manager as a child process
@@ -120,7 +123,12 @@ func startEnv(ctx context.Context, cfg *config, log io.Writer) (*env, error) {
 	if cfg.inProcess {
 		e.op, err = startInProcess(ctx, cp, cfg)
 	} else {
-		e.op, err = startSubprocess(ctx, cp, cfg)
+		if cfg.failover {
+			if e.svc, err = newWebhookService(ctx); err != nil {
+				return nil, err
+			}
+		}
+		e.op, err = startSubprocess(ctx, cp, cfg, e.svc)
 	}
 	if err != nil {
 		return nil, err
@@ -263,7 +271,7 @@ type subprocess struct {
 	logFile     *os.File
 }
 
-func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config) (*subprocess, error) {
+func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config, svc *webhookService) (*subprocess, error) {
 	bin := filepath.Join(cfg.workDir(cp.Root()), "manager")
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return nil, err
@@ -277,7 +285,7 @@ func startSubprocess(ctx context.Context, cp *localcp.ControlPlane, cfg *config)
 	// process (go test runs packages side by side) can take one in between:
 	// the operator then exits at once. Start it again on other ports.
 	for attempt := 1; ; attempt++ {
-		s, err := launchOperator(ctx, cp, cfg, bin)
+		s, err := launchOperator(ctx, cp, cfg, svc, bin, "manager.log")
 		if !errors.Is(err, errPortTaken) || attempt == 3 {
 			return s, err
 		}
@@ -292,10 +300,12 @@ var freePort = localcp.FreePort
 // taken before it could bind it.
 var errPortTaken = errors.New("a port picked for the operator was taken")
 
-// launchOperator starts cmd/manager (built at bin) on fresh ports, installs
-// the webhook configurations pointing at it (replacing an earlier launch's),
-// and returns once its webhooks answer and its readiness probe passes.
-func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, bin string) (*subprocess, error) {
+// launchOperator starts cmd/manager (built at bin) on fresh ports, logging
+// to logName in the work directory, installs the webhook configurations
+// pointing at it, or at svc with it as svc's newest replica (replacing an
+// earlier launch's), and returns once its webhooks answer and its readiness
+// probe passes.
+func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, svc *webhookService, bin, logName string) (*subprocess, error) {
 	var ports [4]int
 	for i := range ports {
 		p, err := freePort()
@@ -305,7 +315,12 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 		ports[i] = p
 	}
 	webhookPort, metricsPort, probePort, pprofPort := ports[0], ports[1], ports[2], ports[3]
-	if err := cp.InstallWebhooks(ctx, "127.0.0.1", webhookPort); err != nil {
+	hookPort := webhookPort
+	if svc != nil {
+		svc.add(fmt.Sprintf("127.0.0.1:%d", webhookPort))
+		hookPort = svc.port()
+	}
+	if err := cp.InstallWebhooks(ctx, "127.0.0.1", hookPort); err != nil {
 		return nil, err
 	}
 	// The operator's own identity, bound to exactly the generated RBAC.
@@ -325,7 +340,7 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(cfg.workDir(cp.Root()), "manager.log")
+	logPath := filepath.Join(cfg.workDir(cp.Root()), logName)
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err

@@ -61,6 +61,9 @@ type config struct {
 	webhookSamples       int
 	scaleSizes           []int
 	scaleHandoffs        int
+	scaleHeld            int
+	scaleRSS             float64
+	failover             bool
 	scaleWebhook         int
 	loaders              int
 	ntEntries, ntSamples int
@@ -100,6 +103,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&rates, "rates", "25,50,100", "Request rates (updates/s, protected and unprotected together) of the webhook-overhead runs.")
 	fs.IntVar(&c.webhookSamples, "webhook-samples", 1000, "Requests measured per kind (protected update, unprotected update, registry GET) at each rate.")
 	fs.StringVar(&sizes, "scale", "1000,10000", "FencedResource counts of the scale runs, each with an active grant.")
+	fs.IntVar(&c.scaleHeld, "scale-held", 0, "Of each scale size's FencedResources, at most this many hold a grant (0: every one); the rest are idle entries.")
+	fs.Float64Var(&c.scaleRSS, "scale-rss-limit", 256, "The operator's peak RSS limit (MiB) at the largest scale size, per replica.")
+	fs.BoolVar(&c.failover, "failover", false, "After the largest scale size, start a standby replica, kill the leader (SIGKILL) and time the takeover: first grant and every waiting request served (make bench-scale).")
 	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 600, "Release handoffs measured at each scale size.")
 	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 2000, "Protected and unprotected updates measured at each scale size.")
 	fs.IntVar(&c.loaders, "loaders", 8, "Parallel clients creating the scale runs' FencedResources and grants.")
@@ -154,6 +160,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		}
 	}
 	return c, nil
+}
+
+// heldAt is how many of size scale entries hold a grant.
+func (c *config) heldAt(size int) int {
+	if c.scaleHeld <= 0 {
+		return size
+	}
+	return min(size, c.scaleHeld)
 }
 
 func parseList[T any](s string, parse func(string, int) (T, error)) ([]T, error) {

@@ -304,8 +304,8 @@ func (w *webhookResult) print(tb *table) {
 
 // print writes section 5, the figures at each scale.
 func (s *scaleResult) print(tb *table) {
-	tb.section("5. Scale: FencedResources with active grants")
-	tb.row("resources", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver MiB", "etcd MiB",
+	tb.section("5. Scale: FencedResources, with active grants up to -scale-held")
+	tb.row("resources", "held", "load s", "operator RSS MiB", "peak RSS MiB", "Go heap MiB", "apiserver MiB", "etcd MiB",
 		"handoff p50/p99 ms", "raw handoff p50/p99 ms", "protected p50/p99 ms", "unprotected p50/p99 ms", "acquire p50/p99 ms", "FR+target create p50 ms")
 	pair := func(d dist) string { return fmtF(d.P50) + " / " + fmtF(d.P99) }
 	for _, x := range s.Sizes {
@@ -313,7 +313,7 @@ func (s *scaleResult) print(tb *table) {
 		if x.CreateFailures > 0 {
 			create = fmt.Sprintf("%s (%d of 5 refused)", create, x.CreateFailures)
 		}
-		tb.row(x.Resources, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
+		tb.row(x.Resources, x.Held, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorPeakMiB, x.OperatorHeapMiB, x.APIServerRSSMiB, x.EtcdRSSMiB,
 			pair(x.Handoff), pair(x.RawHandoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
 	}
 	tb.flush()
@@ -322,6 +322,11 @@ func (s *scaleResult) print(tb *table) {
 		if x.CreateError != "" {
 			fmt.Fprintf(tb.out, "FencedResource-with-target create at %d: %s\n", x.Resources, x.CreateError)
 		}
+	}
+	if f := s.Failover; f != nil {
+		fmt.Fprintf(tb.out, "failover at %d: leader killed, standby took the Lease after %.1f s; from then, first grant %.2f s, all %d requests %.2f s (%d unserved); %.0f registry writes until %.1f s; RSS standby %.0f MiB, new leader peak %.0f MiB\n",
+			f.Resources, f.KillToTakeoverMs/1000, f.FirstServedMs/1000, f.Behind+f.Fresh-f.Unserved, f.AllServedMs/1000, f.Unserved,
+			f.TakeoverWrites, f.SettledMs/1000, f.StandbyRSSMiB, f.LeaderPeakMiB)
 	}
 }
 

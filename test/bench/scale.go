@@ -18,10 +18,13 @@ import (
 type scaleResult struct {
 	Sizes        []scaleSize `json:"sizes"`
 	MemorySource string      `json:"memory_source"`
+	// Failover: the leader killed at the largest size (-failover).
+	Failover *failoverResult `json:"failover,omitempty"`
 }
 
 type scaleSize struct {
-	Resources   int     `json:"fencedresources_with_active_grants"`
+	Resources   int     `json:"fencedresources"`
+	Held        int     `json:"fencedresources_with_active_grants"`
 	LoadSeconds float64 `json:"load_seconds"`
 	// OperatorRSSMiB is sampled after the load settled; OperatorPeakMiB is the
 	// highest RSS sampled (every 250 ms) while loading and measuring.
@@ -70,7 +73,7 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 	r.Scale = s
 	// Peak RSS: sampled throughout, reset per size.
 	var peak atomic.Uint64
-	go e.trackPeakRSS(ctx, &peak)
+	go trackPeakRSS(ctx, e.op, &peak)
 	// The protected objects exist before the registry grows around them
 	// (creating a FencedResource with a target gets slower as the namespace
 	// fills up; that is measured separately below).
@@ -88,11 +91,11 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 	for _, size := range cfg.scaleSizes {
 		peak.Store(0)
 		t := time.Now()
-		if err := e.load(ctx, ns, ph, base, loaded, size, cfg.loaders, log); err != nil {
+		if err := e.load(ctx, ns, ph, base, loaded, size, cfg.heldAt(size), cfg.loaders, log); err != nil {
 			return err
 		}
 		loaded = size
-		x := scaleSize{Resources: size, LoadSeconds: round2(time.Since(t).Seconds())}
+		x := scaleSize{Resources: size, Held: cfg.heldAt(size), LoadSeconds: round2(time.Since(t).Seconds())}
 		// Let the operator finish its follow-up reconciles and the runtime
 		// return what it does not use.
 		time.Sleep(5 * time.Second)
@@ -141,14 +144,23 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			size, x.Handoff.P99, x.Protected.P99, x.OperatorPeakMiB, x.CreateFailures)
 		s.Sizes = append(s.Sizes, x)
 	}
-	r.judgeScale(s)
+	r.judgeScale(s, cfg.scaleRSS)
+	if cfg.failover {
+		fo, err := e.failover(ctx, ns, ph, cfg, log)
+		s.Failover = fo
+		r.judgeFailover(fo, cfg.scaleRSS)
+		if err != nil {
+			fmt.Fprintf(log, "   failover failed: %v\n", err)
+			return fmt.Errorf("failover: %w", err)
+		}
+	}
 	return nil
 }
 
 // judgeScale judges the growth from the smallest size to the largest
 // (handoff, webhook, FencedResource creation) and the operator's memory at
 // the largest; it needs two sizes.
-func (r *report) judgeScale(s *scaleResult) {
+func (r *report) judgeScale(s *scaleResult, rssLimit float64) {
 	if len(s.Sizes) < 2 {
 		return
 	}
@@ -166,13 +178,19 @@ func (r *report) judgeScale(s *scaleResult) {
 	r.judge(fmt.Sprintf("FencedResource create p99 at %d", big.Resources), "≤ 50 ms", big.CreateWithTarget.P99, atMost(50), "ms",
 		fmt.Sprintf("FencedResource-with-target creates: p99 %s ms at %d, %s ms at %d", fmtF(big.CreateWithTarget.P99), big.Resources,
 			fmtF(small.CreateWithTarget.P99), small.Resources))
-	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), "peak RSS ≤ 256 MiB", big.OperatorPeakMiB, atMost(256), "MiB",
+	r.judge(fmt.Sprintf("scale handoff p99 growth %d vs %d", big.Resources, small.Resources), "≤ 1.2×",
+		ratio(big.Handoff.P99, small.Handoff.P99), atMost(1.2), "×",
+		fmt.Sprintf("release handoff p99 %s ms at %d over %s ms at %d, measured in the same run", fmtF(big.Handoff.P99), big.Resources, fmtF(small.Handoff.P99), small.Resources))
+	r.judge(fmt.Sprintf("scale protected-write p99 growth %d vs %d", big.Resources, small.Resources), "≤ 1.2×",
+		ratio(big.Protected.P99, small.Protected.P99), atMost(1.2), "×",
+		fmt.Sprintf("protected update p99 %s ms at %d over %s ms at %d, measured in the same run", fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources))
+	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), fmt.Sprintf("peak RSS ≤ %s MiB", fmtF(rssLimit)), big.OperatorPeakMiB, atMost(rssLimit), "MiB",
 		fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
 }
 
-// trackPeakRSS keeps peak at the highest operator RSS, sampled every 250 ms
+// trackPeakRSS keeps peak at the highest RSS of op, sampled every 250 ms
 // until ctx ends.
-func (e *env) trackPeakRSS(ctx context.Context, peak *atomic.Uint64) {
+func trackPeakRSS(ctx context.Context, op operatorProcess, peak *atomic.Uint64) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -183,7 +201,7 @@ func (e *env) trackPeakRSS(ctx context.Context, peak *atomic.Uint64) {
 			// /proc only: scraping the operator's metrics four times a
 			// second made it allocate ~30 MB/s at 10,000 entries, and
 			// its garbage collections showed up in the handoff tail.
-			if m, err := e.op.Resident(); err == nil {
+			if m, err := op.Resident(); err == nil {
 				raiseTo(peak, m.RSS)
 			}
 		}
@@ -274,12 +292,12 @@ func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int
 	return summarize(hs), summarize(rs), nil
 }
 
-// load brings the namespace from `from` to `to` FencedResources, each with
-// a held grant: loaders create the entries and LockGrants directly (as
-// lockclient would, without a watch per grant) and wait until every grant is
-// Held. Leases are an hour, so nothing renews during the run.
-func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from, to, loaders int, log io.Writer) error {
-	start := base + int64(from)
+// load brings the namespace from `from` to `to` FencedResources, the first
+// `held` of them with a held grant: loaders create the entries and
+// LockGrants directly (as lockclient would, without a watch per grant) and
+// wait until every grant is Held. Leases are an hour, so nothing renews
+// during the run.
+func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from, to, held, loaders int, log io.Writer) error {
 	next := atomic.Int64{}
 	next.Store(int64(from))
 	var wg sync.WaitGroup
@@ -301,12 +319,15 @@ func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from,
 				if i >= int64(to) || ctx.Err() != nil {
 					return
 				}
-				name := fmt.Sprintf("s-%05d", i)
+				name := fmt.Sprintf("s-%06d", i)
 				if err := retry(ctx, func() error { return client.IgnoreAlreadyExists(e.fencedResource(ctx, ns, name, 3600, "")) }); err != nil {
 					errs <- err
 					return
 				}
-				req := fmt.Sprintf("load-%05d", i)
+				if i >= int64(held) {
+					continue
+				}
+				req := fmt.Sprintf("load-%06d", i)
 				lg := &locksv1.LockGrant{
 					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(name, identity, req), Finalizers: []string{locksv1.GrantFinalizer}},
 					Spec: locksv1.LockGrantSpec{Resource: name, Owner: identity, RequestID: req, Lease: "lease-" + req,
@@ -322,7 +343,7 @@ func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from,
 	// Progress while the grants are issued.
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	want := start + int64(to-from)
+	want := base + int64(min(to, held))
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
 	created := false

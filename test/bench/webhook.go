@@ -98,8 +98,11 @@ type fencedPair struct {
 // newFencedPairs makes n pairs named wh-0…; release gives their grants up.
 func newFencedPairs(ctx context.Context, e *env, ns string, n int, lc *lockclient.Client, kube client.Client) (pairs []*fencedPair, release func(), err error) {
 	release = func() {
+		// Bounded: a run that failed may have no issuer left to confirm.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
 		for _, p := range pairs {
-			_ = p.lock.Release(context.WithoutCancel(ctx))
+			_ = p.lock.Release(rctx)
 		}
 	}
 	for i := 0; i < n; i++ {
