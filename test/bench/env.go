@@ -719,16 +719,31 @@ type phaseWaiter struct {
 func (e *env) followPhases(ctx context.Context, ns string) (*phases, error) {
 	p := &phases{phase: map[string]locksv1.LockGrantPhase{}, waiters: map[string][]phaseWaiter{},
 		at: map[string]map[locksv1.LockGrantPhase]time.Time{}, fenceAt: map[string]map[int64]time.Time{}}
-	var list locksv1.LockGrantList
-	if err := e.admin.List(ctx, &list, client.InNamespace(ns)); err != nil {
+	// relist: a watch that ended with an error (410 Gone: its
+	// resourceVersion was compacted while it reconnected) starts again
+	// from a fresh list, or it would retry the compacted version forever.
+	relist := func() (string, error) {
+		var list locksv1.LockGrantList
+		if err := e.admin.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return "", err
+		}
+		for i := range list.Items {
+			p.set(list.Items[i].Name, list.Items[i].Status.Phase)
+		}
+		return list.ResourceVersion, nil
+	}
+	rv, err := relist()
+	if err != nil {
 		return nil, err
 	}
-	for i := range list.Items {
-		p.set(list.Items[i].Name, list.Items[i].Status.Phase)
-	}
-	rv := list.ResourceVersion
 	go func() {
 		for ctx.Err() == nil {
+			if rv == "" {
+				if rv, _ = relist(); rv == "" {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+			}
 			w, err := e.admin.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(ns),
 				&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
 			if err != nil {
@@ -736,6 +751,10 @@ func (e *env) followPhases(ctx context.Context, ns string) (*phases, error) {
 				continue
 			}
 			for ev := range w.ResultChan() {
+				if ev.Type == watch.Error {
+					rv = ""
+					break
+				}
 				lg, ok := ev.Object.(*locksv1.LockGrant)
 				if !ok {
 					continue
@@ -819,13 +838,44 @@ func (p *phases) fenceSeen(name string, f int64) time.Time {
 // followFences adds a watch of the namespace's FencedResources, recording
 // when each status.fenceToken value (the issuer's CAS) became visible.
 func (e *env) followFences(ctx context.Context, ns string, p *phases) error {
-	var list locksv1.FencedResourceList
-	if err := e.admin.List(ctx, &list, client.InNamespace(ns)); err != nil {
+	seen := func(fr *locksv1.FencedResource) {
+		for _, q := range fr.Status.Queue {
+			p.queued(q.GrantName)
+		}
+		now := time.Now()
+		p.mu.Lock()
+		if p.fenceAt[fr.Name] == nil {
+			p.fenceAt[fr.Name] = map[int64]time.Time{}
+		}
+		if _, ok := p.fenceAt[fr.Name][fr.Status.FenceToken]; !ok {
+			p.fenceAt[fr.Name][fr.Status.FenceToken] = now
+		}
+		p.mu.Unlock()
+	}
+	// relist: as in followPhases, a watch that ended with an error starts
+	// again from a fresh list.
+	relist := func() (string, error) {
+		var list locksv1.FencedResourceList
+		if err := e.admin.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return "", err
+		}
+		for i := range list.Items {
+			seen(&list.Items[i])
+		}
+		return list.ResourceVersion, nil
+	}
+	rv, err := relist()
+	if err != nil {
 		return err
 	}
-	rv := list.ResourceVersion
 	go func() {
 		for ctx.Err() == nil {
+			if rv == "" {
+				if rv, _ = relist(); rv == "" {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+			}
 			w, err := e.admin.Watch(ctx, &locksv1.FencedResourceList{}, client.InNamespace(ns),
 				&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
 			if err != nil {
@@ -833,6 +883,10 @@ func (e *env) followFences(ctx context.Context, ns string, p *phases) error {
 				continue
 			}
 			for ev := range w.ResultChan() {
+				if ev.Type == watch.Error {
+					rv = ""
+					break
+				}
 				fr, ok := ev.Object.(*locksv1.FencedResource)
 				if !ok {
 					continue
@@ -841,18 +895,7 @@ func (e *env) followFences(ctx context.Context, ns string, p *phases) error {
 				if ev.Type == watch.Bookmark {
 					continue
 				}
-				for _, q := range fr.Status.Queue {
-					p.queued(q.GrantName)
-				}
-				now := time.Now()
-				p.mu.Lock()
-				if p.fenceAt[fr.Name] == nil {
-					p.fenceAt[fr.Name] = map[int64]time.Time{}
-				}
-				if _, ok := p.fenceAt[fr.Name][fr.Status.FenceToken]; !ok {
-					p.fenceAt[fr.Name][fr.Status.FenceToken] = now
-				}
-				p.mu.Unlock()
+				seen(fr)
 			}
 			w.Stop()
 		}
