@@ -82,7 +82,7 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	})}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
-		For(&locksv1.FencedResource{}).
+		Watches(&locksv1.FencedResource{}, newEntriesLast{&handler.EnqueueRequestForObject{}}).
 		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.statuses))).
 		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WatchesRawSource(r.requeue.source()).

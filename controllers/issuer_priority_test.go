@@ -75,3 +75,37 @@ func TestAskingFirstQueuesWhatAsksAheadOfTheSweep(t *testing.T) {
 		t.Fatalf("order = %v, want the release and the fresh request before the idle entries", order)
 	}
 }
+
+// A new entry's first decision waits behind requests; a request for it
+// raises it to the default priority.
+func TestNewEntriesLastBehindRequests(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	entries := newEntriesLast{&handler.EnqueueRequestForObject{}}
+	grants := askingFirst{handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{grantResource(o.(*locksv1.LockGrant))}
+	})}
+	ctx := context.Background()
+	entry := func(name string) *locksv1.FencedResource {
+		return &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
+	}
+	for _, n := range []string{"new-1", "new-2", "asked"} {
+		entries.Create(ctx, event.CreateEvent{Object: entry(n)}, q)
+	}
+	grants.Create(ctx, event.CreateEvent{Object: grantOn("asked", "", nil)}, q)
+	grants.Create(ctx, event.CreateEvent{Object: grantOn("other", "", nil)}, q)
+
+	want := map[string]int{"asked": 0, "other": 0, "new-1": handler.LowPriority, "new-2": handler.LowPriority}
+	var order []string
+	for range 4 {
+		item, prio, _ := q.GetWithPriority()
+		order = append(order, item.Name)
+		if prio != want[item.Name] {
+			t.Errorf("%s queued at priority %d, want %d", item.Name, prio, want[item.Name])
+		}
+		q.Done(item)
+	}
+	if order[2] != "new-1" && order[2] != "new-2" {
+		t.Fatalf("order = %v, want both requests before the new entries", order)
+	}
+}
