@@ -106,9 +106,9 @@ func TestQuickBench(t *testing.T) {
 	// and the one-write floor; expiry;
 	// throughput against both floors, writes in the window and at steady
 	// state, operator CPU, the raw ratio and one line per sweep point;
-	// webhook overhead and ratio at one rate; scale handoff, webhook,
-	// create and RSS; non-target.
-	want := 5 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 4 + 1
+	// webhook overhead and ratio at one rate; scale handoff and webhook
+	// against their controls, both p99 growths, create and RSS; non-target.
+	want := 5 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 6 + 1
 	if len(rep.Targets) != want {
 		t.Errorf("%d target lines, want %d", len(rep.Targets), want)
 	}
@@ -118,6 +118,48 @@ func TestQuickBench(t *testing.T) {
 		default:
 			t.Errorf("%s: verdict %q", tg.Name, tg.Verdict)
 		}
+	}
+}
+
+// TestQuickFailover runs make bench-scale's program small: a standby
+// replica, the leader killed, every waiting request served by the new
+// leader through the same webhook URL. It asserts what happened, not how
+// fast (the leader-election lease alone is 15 s).
+func TestQuickFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; skipped with -short")
+	}
+	out := filepath.Join(t.TempDir(), "scale.json")
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"-quick", "-only", "scale", "-scale", "20,60", "-scale-held", "30", "-failover", "-out", out}, &stdout, &stderr)
+	t.Logf("%s", stdout.String())
+	if code != 0 {
+		t.Fatalf("bench exited %d: %s", code, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("results are not the report's JSON: %v", err)
+	}
+	if rep.Scale == nil || rep.Scale.Failover == nil {
+		t.Fatalf("no failover section: %s", raw)
+	}
+	f := rep.Scale.Failover
+	if f.Unserved != 0 || f.Served.N != f.Behind+f.Fresh {
+		t.Errorf("served %d of %d requests after the takeover (%d unserved)", f.Served.N, f.Behind+f.Fresh, f.Unserved)
+	}
+	if !(f.KillToTakeoverMs > 0) || !(f.FirstServedMs > 0) || f.AllServedMs < f.FirstServedMs {
+		t.Errorf("takeover after %v ms, first served %v ms, all %v ms after it", f.KillToTakeoverMs, f.FirstServedMs, f.AllServedMs)
+	}
+	if !(f.StandbyRSSMiB > 0) || !(f.LeaderPeakMiB > 0) || !(f.TakeoverWrites > 0) {
+		t.Errorf("standby RSS %v MiB, new leader peak %v MiB, takeover writes %v", f.StandbyRSSMiB, f.LeaderPeakMiB, f.TakeoverWrites)
+	}
+	// Held sizes: 20 at the first, 30 of 60 at the second.
+	if got := rep.Scale.Sizes; len(got) != 2 || got[0].Held != 20 || got[1].Held != 30 {
+		t.Errorf("scale sizes %+v, want 20 of 20 and 30 of 60 held", got)
 	}
 }
 

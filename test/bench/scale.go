@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,8 @@ type scaleSize struct {
 	Resources   int     `json:"fencedresources"`
 	Held        int     `json:"fencedresources_with_active_grants"`
 	LoadSeconds float64 `json:"load_seconds"`
+	// SettleSeconds: after the load, until the operator's issuer queue was empty.
+	SettleSeconds float64 `json:"settle_seconds"`
 	// OperatorRSSMiB is sampled after the load settled; OperatorPeakMiB is the
 	// highest RSS sampled (every 250 ms) while loading and measuring.
 	OperatorRSSMiB  float64 `json:"operator_rss_mib"`
@@ -96,8 +99,10 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		}
 		loaded = size
 		x := scaleSize{Resources: size, Held: cfg.heldAt(size), LoadSeconds: round2(time.Since(t).Seconds())}
-		// Let the operator finish its follow-up reconciles and the runtime
-		// return what it does not use.
+		// Let the operator finish its follow-up reconciles (a new entry's
+		// first decision, queued behind requests, may still be queued) and
+		// the runtime return what it does not use.
+		x.SettleSeconds = round2(e.issuerDrained(ctx, log).Seconds())
 		time.Sleep(5 * time.Second)
 		m, err := e.op.Memory()
 		if err != nil {
@@ -107,7 +112,8 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		x.OperatorRSSMiB, x.OperatorHeapMiB = mib(m.RSS), mib(m.Heap)
 		children := childRSS()
 		x.APIServerRSSMiB, x.EtcdRSSMiB = mib(children["kube-apiserver"]), mib(children["etcd"])
-		fmt.Fprintf(log, "   %d resources loaded in %.0fs: operator RSS %.0f MiB (heap %.0f MiB)\n", size, x.LoadSeconds, x.OperatorRSSMiB, x.OperatorHeapMiB)
+		fmt.Fprintf(log, "   %d resources loaded in %.0fs, the issuer's queue empty %.0fs later: operator RSS %.0f MiB (heap %.0f MiB)\n",
+			size, x.LoadSeconds, x.SettleSeconds, x.OperatorRSSMiB, x.OperatorHeapMiB)
 
 		var stopProfiles func()
 		if cfg.profilePhase == "scale" {
@@ -368,6 +374,34 @@ func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from,
 			return ctx.Err()
 		}
 	}
+}
+
+// issuerDrained waits until the operator's grant-issuer work queue is
+// empty (its workqueue_depth, every priority), at most 30 minutes, and
+// returns how long that took.
+func (e *env) issuerDrained(ctx context.Context, log io.Writer) time.Duration {
+	start, last := time.Now(), time.Now()
+	for time.Since(start) < 30*time.Minute && ctx.Err() == nil {
+		text, err := e.op.Metrics(ctx)
+		if err != nil {
+			break
+		}
+		depth := 0.0
+		for k, v := range parseMetrics(text) {
+			if strings.HasPrefix(k, `workqueue_depth{controller="grant-issuer"`) {
+				depth += v
+			}
+		}
+		if depth == 0 {
+			break
+		}
+		if time.Since(last) > 10*time.Second {
+			fmt.Fprintf(log, "   … the issuer has %.0f entries queued\n", depth)
+			last = time.Now()
+		}
+		time.Sleep(time.Second)
+	}
+	return time.Since(start)
 }
 
 // retry retries transient failures (webhook timeouts under load, 429s).
