@@ -239,8 +239,9 @@ bench: control-plane postgres ## Benchmarks against floors measured in the same 
 	  $(if $(filter -quick,$(BENCH_FLAGS)),,-pgstore.full) $(if $(filter -fail-on-miss,$(BENCH_FLAGS)),-pgstore.fail-on-miss)
 
 .PHONY: bench-scale
-bench-scale: control-plane ## 100,000 FencedResources (10,000 held) against 1,000 in the same run, then the leader killed: memory per replica, handoff and protected-write p99 growth, takeover to first grant and to every waiter served; bin/bench/scale.json (about 40 min; BENCH_SCALE_FLAGS for more).
-	go run ./test/bench -only scale -scale 1000,100000 -scale-held 10000 -failover -scale-rss-limit 512 -loaders 16 -out bin/bench/scale.json $(BENCH_SCALE_FLAGS)
+bench-scale: control-plane ## 100,000 FencedResources (10,000 held) against 1,000 in the same run, then the leader killed: memory per replica (each a 512 MiB container: --memory-limit), handoff and protected-write p99 growth, takeover to first grant and to every waiter served; bin/bench/scale.json (about 40 min; BENCH_SCALE_FLAGS for more).
+	go run ./test/bench -only scale -scale 1000,100000 -scale-held 10000 -failover -scale-rss-limit 512 \
+	  -operator-memory-limit $$((512 << 20)) -loaders 16 -out bin/bench/scale.json $(BENCH_SCALE_FLAGS)
 
 .PHONY: soak
 soak: control-plane ## Hostile-tenant soak: honest workers beside a tenant attacking for SOAK_DURATION (default 5m) in windows between quiet ones; PASS/FAIL/INCONCLUSIVE per check, bin/bench/soak.json, exit 2 on FAIL (~25 min with the claim collector's wait; SOAK_FLAGS for more).

@@ -354,7 +354,8 @@ func launchOperator(ctx context.Context, cp *localcp.ControlPlane, cfg *config, 
 		"--metrics-bind-address="+s.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address="+probeAddr,
 		"--pprof-bind-address="+s.pprofAddr,
 		"--webhook-configuration="+locksv1.WebhookConfigurationName,
-		fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.maxReconciles))
+		fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.maxReconciles),
+		fmt.Sprintf("--memory-limit=%d", cfg.operatorMemLimit))
 	s.cmd.Env = append(os.Environ(), "KUBECONFIG="+kcPath)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {

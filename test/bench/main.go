@@ -64,6 +64,7 @@ type config struct {
 	scaleHeld            int
 	scaleRSS             float64
 	failover             bool
+	operatorMemLimit     int64
 	scaleWebhook         int
 	loaders              int
 	ntEntries, ntSamples int
@@ -106,6 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.scaleHeld, "scale-held", 0, "Of each scale size's FencedResources, at most this many hold a grant (0: every one); the rest are idle entries.")
 	fs.Float64Var(&c.scaleRSS, "scale-rss-limit", 256, "The operator's peak RSS limit (MiB) at the largest scale size, per replica.")
 	fs.BoolVar(&c.failover, "failover", false, "After the largest scale size, start a standby replica, kill the leader (SIGKILL) and time the takeover: first grant and every waiting request served (make bench-scale).")
+	fs.Int64Var(&c.operatorMemLimit, "operator-memory-limit", 0, "Pass --memory-limit (bytes) to cmd/manager, as the Deployment passes its container's limit: the Go heap aims to stay under 90 % of it (0: Go's default).")
 	fs.IntVar(&c.scaleHandoffs, "scale-handoffs", 600, "Release handoffs measured at each scale size.")
 	fs.IntVar(&c.scaleWebhook, "scale-webhook-samples", 2000, "Protected and unprotected updates measured at each scale size.")
 	fs.IntVar(&c.loaders, "loaders", 8, "Parallel clients creating the scale runs' FencedResources and grants.")
