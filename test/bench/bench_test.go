@@ -21,22 +21,7 @@ func TestQuickBench(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
 	}
-	out := filepath.Join(t.TempDir(), "results.json")
-	var stdout, stderr bytes.Buffer
-	start := time.Now()
-	code := Main([]string{"-quick", "-out", out}, &stdout, &stderr)
-	t.Logf("quick bench took %s\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
-	if code != 0 {
-		t.Fatalf("bench exited %d: %s", code, stderr.String())
-	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(raw, &rep); err != nil {
-		t.Fatalf("results are not the report's JSON: %v", err)
-	}
+	rep, raw := runMain(t, "results.json", "-quick")
 	positive := func(what string, v float64) {
 		t.Helper()
 		if !(v > 0) {
@@ -129,21 +114,7 @@ func TestQuickFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
 	}
-	out := filepath.Join(t.TempDir(), "scale.json")
-	var stdout, stderr bytes.Buffer
-	code := Main([]string{"-quick", "-only", "scale", "-scale", "20,60", "-scale-held", "30", "-failover", "-out", out}, &stdout, &stderr)
-	t.Logf("%s", stdout.String())
-	if code != 0 {
-		t.Fatalf("bench exited %d: %s", code, stderr.String())
-	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(raw, &rep); err != nil {
-		t.Fatalf("results are not the report's JSON: %v", err)
-	}
+	rep, raw := runMain(t, "scale.json", "-quick", "-only", "scale", "-scale", "20,60", "-scale-held", "30", "-failover")
 	if rep.Scale == nil || rep.Scale.Failover == nil {
 		t.Fatalf("no failover section: %s", raw)
 	}
@@ -161,6 +132,29 @@ func TestQuickFailover(t *testing.T) {
 	if got := rep.Scale.Sizes; len(got) != 2 || got[0].Held != 20 || got[1].Held != 30 {
 		t.Errorf("scale sizes %+v, want 20 of 20 and 30 of 60 held", got)
 	}
+}
+
+// runMain runs the bench's Main with args, its results written to a file
+// named out in a temporary directory, and returns them as read back.
+func runMain(t *testing.T, out string, args ...string) (report, []byte) {
+	t.Helper()
+	out = filepath.Join(t.TempDir(), out)
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := Main(append(args, "-out", out), &stdout, &stderr)
+	t.Logf("%v took %s\n%s", args, time.Since(start).Round(time.Millisecond), stdout.String())
+	if code != 0 {
+		t.Fatalf("bench exited %d: %s", code, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("results are not the report's JSON: %v", err)
+	}
+	return rep, raw
 }
 
 // The operator's ports are picked free and handed to a child process, so

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -30,23 +27,8 @@ func TestQuickSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
 	}
-	out := filepath.Join(t.TempDir(), "soak.json")
-	var stdout, stderr bytes.Buffer
-	start := time.Now()
-	code := Main([]string{"-only", "soak", "-out", out, "-soak-duration", "24s", "-soak-windows", "2", "-soak-big-grants", "80",
-		"-soak-settle", "6s", "-soak-collect-wait", "5s", "-soak-report-timing"}, &stdout, &stderr)
-	t.Logf("quick soak took %s\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
-	if code != 0 {
-		t.Fatalf("soak exited %d: %s", code, stderr.String())
-	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(raw, &rep); err != nil {
-		t.Fatalf("results are not the report's JSON: %v", err)
-	}
+	rep, raw := runMain(t, "soak.json", "-only", "soak", "-soak-duration", "24s", "-soak-windows", "2", "-soak-big-grants", "80",
+		"-soak-settle", "6s", "-soak-collect-wait", "5s", "-soak-report-timing")
 	s := rep.Soak
 	if s == nil {
 		t.Fatalf("no soak section: %s", raw)
