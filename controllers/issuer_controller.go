@@ -315,7 +315,7 @@ func planWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[st
 	for _, c := range statuses {
 		keep(c.Name)
 	}
-	for _, name := range slices.Concat(d.RemoveFinalizer, d.AddFinalizer) {
+	for _, name := range d.RemoveFinalizer {
 		keep(name)
 	}
 	return grantPlan{
@@ -326,7 +326,7 @@ func planWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[st
 }
 
 // grantWrite is a bookkeeping write to a LockGrant: its status (when status
-// is set), else a finalizer change.
+// is set), else the removal of a legacy release finalizer.
 type grantWrite struct {
 	status *locksv1.LockGrantStatus
 	mutate func(*locksv1.LockGrant)
@@ -341,9 +341,8 @@ type grantWrites struct {
 	writes []grantWrite
 }
 
-// bookkeepingWrites groups the statuses, then the finalizer removals and
-// additions of a decision (d may be nil: none), by LockGrant, in the order
-// first met.
+// bookkeepingWrites groups the statuses, then the finalizer removals of a
+// decision (d may be nil: none), by LockGrant, in the order first met.
 func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[string]*locksv1.LockGrant) []grantWrites {
 	var out []grantWrites
 	at := map[string]int{}
@@ -367,9 +366,6 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 	}
 	for _, name := range d.RemoveFinalizer {
 		add(name, grantWrite{mutate: removeFinalizer, removesFinalizer: true})
-	}
-	for _, name := range d.AddFinalizer {
-		add(name, grantWrite{mutate: addFinalizer})
 	}
 	return out
 }
@@ -412,10 +408,6 @@ func soonest(a, b time.Duration) time.Duration {
 
 func removeFinalizer(lg *locksv1.LockGrant) {
 	lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
-}
-
-func addFinalizer(lg *locksv1.LockGrant) {
-	lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer)
 }
 
 // retryable folds a bookkeeping write's outcome: a LockGrant that is gone

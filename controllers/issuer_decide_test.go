@@ -69,7 +69,7 @@ func (a *apiServer) List(context.Context, client.ObjectList, ...client.ListOptio
 func waiting(name string, created time.Duration) locksv1.LockGrant {
 	return locksv1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name),
-			CreationTimestamp: metav1.NewTime(time.Unix(1000, 0).Add(created)), Finalizers: []string{locksv1.GrantFinalizer}},
+			CreationTimestamp: metav1.NewTime(time.Unix(1000, 0).Add(created))},
 		Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: "worker", RequestID: "req-" + name,
 			Lease: "lease-" + name, OperationRoot: "sha256:" + string(bytes.Repeat([]byte("0"), 64))},
 	}

@@ -37,13 +37,13 @@ func TestPlanWritesOrdersEndsBeforeHolderBeforeBookkeeping(t *testing.T) {
 		status("twin", locksv1.PhaseDenied), status("short", locksv1.PhaseReleased), status("old", locksv1.PhaseReleased),
 		status("cancelled", locksv1.PhaseReleased), status("new", locksv1.PhaseHeld), status("waiter", locksv1.PhasePending),
 	}
-	d := &issuer.Decision{RemoveFinalizer: []string{"gone", "missing"}, AddFinalizer: []string{"waiter"}}
+	d := &issuer.Decision{RemoveFinalizer: []string{"cancelled", "gone", "missing"}}
 	d.Status.RecentlyEnded = []locksv1.EndedGrant{{GrantUID: "uid-short"}, {GrantUID: "uid-old"}}
 	p := planWrites(planned, d, byName)
 	for part, want := range map[string][]string{
 		"ends":        {"short:Released", "old:Released"},
 		"holder":      {"new:Held"},
-		"bookkeeping": {"twin:Denied", "cancelled:Released", "waiter:Pending", "waiter:finalizer", "gone:finalizer"},
+		"bookkeeping": {"twin:Denied", "cancelled:Released", "cancelled:finalizer", "waiter:Pending", "gone:finalizer"},
 	} {
 		got := map[string][]grantWrites{"ends": p.ends, "holder": p.holder, "bookkeeping": p.bookkeeping}[part]
 		if w := writeNames(got); !slices.Equal(w, want) {
@@ -53,8 +53,8 @@ func TestPlanWritesOrdersEndsBeforeHolderBeforeBookkeeping(t *testing.T) {
 	if p.ends[1].lg == byName["old"] || p.ends[1].lg.Name != "old" {
 		t.Fatal("the plan writes the decision's LockGrant, not its own copy: the decision's whole list stays in memory with it")
 	}
-	if w := p.bookkeeping[2]; w.lg.Name != "waiter" || len(w.writes) != 2 {
-		t.Fatalf("bookkeeping[2] %s with %d writes, want waiter's status and finalizer on one copy", w.lg.Name, len(w.writes))
+	if w := p.bookkeeping[1]; w.lg.Name != "cancelled" || len(w.writes) != 2 {
+		t.Fatalf("bookkeeping[1] %s with %d writes, want cancelled's status and finalizer on one copy", w.lg.Name, len(w.writes))
 	}
 	if len(p.bookkeeping) != 4 {
 		t.Fatalf("%d bookkeeping entries, want 4: one per LockGrant, a LockGrant the decision did not read skipped", len(p.bookkeeping))

@@ -31,7 +31,7 @@ var (
 		Help: "LockGrants read around the cache to confirm they were never granted before they are queued or issued."})
 	lockGrantWriteBacklog = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fencekeeper_issuer_lockgrant_write_backlog",
-		Help: "FencedResources whose committed decisions still have LockGrant statuses or finalizers to write."})
+		Help: "FencedResources whose committed decisions still have LockGrant statuses (or legacy finalizer removals) to write."})
 	grantsCollected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fencekeeper_lockgrants_collected_total",
 		Help: "Ended LockGrants deleted after the retention (--ended-grant-retention) or beyond the count (--ended-grant-max-count)."})

@@ -50,7 +50,7 @@ type LockGrantValidator struct {
 	Reader client.Reader
 	// Cache serves cached reads of FencedResources (nil: Reader serves them).
 	Cache client.Reader
-	// Operator is the operator's user name (it manages the release finalizer).
+	// Operator is the operator's user name (it writes statuses and removes the legacy release finalizer).
 	Operator string
 	// BreakGlass authorizes overrides by anyone else.
 	BreakGlass *BreakGlassAuthorizer

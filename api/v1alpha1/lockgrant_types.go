@@ -34,7 +34,10 @@ func (p LockGrantPhase) Terminal() bool {
 	return false
 }
 
-// GrantFinalizer lets the issuer release a held grant before its LockGrant disappears.
+// GrantFinalizer is the release finalizer earlier versions put on every live
+// LockGrant. None is put on now (a vanished holder is found by an uncached
+// read); the issuer removes it from a LockGrant being deleted that holds
+// nothing, and uninstall removes what is left.
 const GrantFinalizer = "locks.fencekeeper.dev/release"
 
 // AnnotationUnresolvedMutation marks, on the LockGrant, a fenced write whose

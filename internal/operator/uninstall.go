@@ -52,8 +52,9 @@ type UninstallOptions struct {
 //  3. the trust-anchor ValidatingAdmissionPolicy and its binding, which the
 //     operator created at run time (no manifest lists them);
 //  4. the fencekeeper.dev/enrolled label of every namespace;
-//  5. the locks.fencekeeper.dev/release finalizer of every LockGrant, which
-//     only a running operator removes: left behind, it hangs the deletion of
+//  5. the locks.fencekeeper.dev/release finalizer of every LockGrant that
+//     carries it (earlier versions put it on), which only a running
+//     operator removes: left behind, it hangs the deletion of
 //     the LockGrant CRD and of the namespaces that hold one.
 //
 // Every step tolerates what is already gone, so it can run again.

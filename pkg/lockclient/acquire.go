@@ -125,7 +125,7 @@ func phaseOrPending(lg *locksv1.LockGrant) locksv1.LockGrantPhase {
 // request either landed, or it is safe to send again — never a second identity.
 func (l *Lock) createOrRecover(ctx context.Context) error {
 	want := &locksv1.LockGrant{
-		ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name, Finalizers: []string{locksv1.GrantFinalizer}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: l.key.Namespace, Name: l.key.Name},
 		Spec:       l.requestSpec(),
 	}
 	var lastErr error

@@ -201,7 +201,7 @@ func (e *env) failover(ctx context.Context, ns string, ph *phases, cfg *config, 
 func failoverRequest(ns, resource, owner, kind string) *locksv1.LockGrant {
 	req := "failover-" + kind
 	return &locksv1.LockGrant{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(resource, owner, req), Finalizers: []string{locksv1.GrantFinalizer}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(resource, owner, req)},
 		Spec: locksv1.LockGrantSpec{Resource: resource, Owner: owner, RequestID: req, Lease: "lease-" + resource,
 			OperationRoot: lockclient.OperationRoot(resource + "/" + req)},
 	}

@@ -335,7 +335,7 @@ func (e *env) load(ctx context.Context, ns string, ph *phases, base int64, from,
 				}
 				req := fmt.Sprintf("load-%06d", i)
 				lg := &locksv1.LockGrant{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(name, identity, req), Finalizers: []string{locksv1.GrantFinalizer}},
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(name, identity, req)},
 					Spec: locksv1.LockGrantSpec{Resource: name, Owner: identity, RequestID: req, Lease: "lease-" + req,
 						OperationRoot: lockclient.OperationRoot(name + "/" + req)},
 				}

@@ -337,8 +337,8 @@ func (t *tenantSide) deleteOdd(ctx context.Context, lockGrant bool, name string)
 		obj = &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: soakTenantNS, Name: name}}
 	}
 	if err := t.kube.Delete(ctx, obj); err == nil || apierrors.IsNotFound(err) {
-		// A LockGrant with the release finalizer goes once the operator
-		// let it go; cleanup waits for whatever is still there.
+		// A LockGrant is gone at once; cleanup waits for whatever is
+		// still there.
 		if !lockGrant {
 			t.forget(false, soakTenantNS, name)
 		}

@@ -34,6 +34,7 @@ var _ = Describe("hostile input: the operator's cache holds what the operator re
 		// the condition is left to the unreadable value below.
 		record := recordJSON(func(r map[string]any) { r["since"] = primary.clock.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano) })
 		largest := newGrant(ns, "batch", "worker-a", "largest")
+		largest.Finalizers = []string{locksv1.GrantFinalizer} // as earlier client versions created them
 		largest.Labels = map[string]string{"team": "billing"}
 		largest.Annotations = map[string]string{locksv1.AnnotationUnresolvedMutation: record}
 		largest.Annotations = fillMetadata(largest, locksv1.MaxLockGrantMetadataBytes)
@@ -69,7 +70,7 @@ var _ = Describe("hostile input: the operator's cache holds what the operator re
 		Expect(lg.Annotations).To(Equal(map[string]string{locksv1.AnnotationUnresolvedMutation: record}), "annotations beyond the record")
 		Expect(lg.Labels).To(BeEmpty())
 		Expect(lg.ManagedFields).To(BeEmpty())
-		Expect(lg.Finalizers).To(Equal([]string{locksv1.GrantFinalizer}), "finalizers are the operator's to patch")
+		Expect(lg.Finalizers).To(Equal([]string{locksv1.GrantFinalizer}), "finalizers are kept: the operator removes the legacy release finalizer")
 
 		Eventually(func(g Gomega) {
 			cached(&lg, planted.Name)(g)

@@ -6,20 +6,18 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
-// A held grant whose LockGrant vanishes (a break-glass admin strips the
-// release finalizer and deletes it, so the issuer never writes a last status)
-// is over: the issuer serves the next waiter, so the holder must stop too,
-// on the API server's word that the object is gone (EventGone). Before the
-// client learned that, it stayed HELD or OWNERSHIP_UNKNOWN for ever and Done
-// never closed. With the finalizer in place the issuer ends the grant first
-// and the client follows its Released status instead.
+// A held grant whose LockGrant vanishes (deleted by a break-glass admin or
+// its owner; LockGrants carry no finalizer, so the issuer never writes a
+// last status) is over: the issuer serves the next waiter, so the holder
+// must stop too, on the API server's word that the object is gone
+// (EventGone). Before the client learned that, it stayed HELD or
+// OWNERSHIP_UNKNOWN for ever and Done never closed.
 var _ = Describe("the worker client when its LockGrant is deleted", func() {
 	It("ends EXPIRED (ErrExpired, Done closed) and the next waiter is served", func() {
 		ns := newNamespace()
@@ -47,9 +45,9 @@ var _ = Describe("the worker client when its LockGrant is deleted", func() {
 			return len(list.Items)
 		}, 5*time.Second).Should(Equal(2), "worker-b queued")
 
-		// The cluster admin strips the finalizer and deletes the holder's LockGrant (break-glass).
+		// The cluster admin deletes the holder's LockGrant (break-glass).
 		held := getGrant(ns, l.Name())
-		Expect(admin.Patch(ctx, held, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))).To(Succeed())
+		Expect(held.Finalizers).To(BeEmpty())
 		Expect(admin.Delete(ctx, held)).To(Succeed())
 		Eventually(func() bool {
 			err := admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: l.Name()}, &locksv1.LockGrant{})

@@ -130,25 +130,35 @@ var _ = Describe("the lock registry", func() {
 		release(a)
 		waitPhase(a, locksv1.PhaseReleased)
 		heldB := waitPhase(b, locksv1.PhaseHeld)
-		Expect(heldB.Finalizers).To(ContainElement(locksv1.GrantFinalizer))
+		Expect(heldB.Finalizers).To(BeEmpty(), "no release finalizer: the issuer finds a vanished holder by an uncached read")
 
+		// The holder's LockGrant is gone at once; its deletion event brings
+		// the issuer, whose read around the cache finds it gone.
 		Expect(workers["worker-b"].Delete(suiteCtx, b)).To(Succeed())
-		Eventually(func() bool {
-			err := admin.Get(suiteCtx, client.ObjectKeyFromObject(b), &locksv1.LockGrant{})
-			return apierrors.IsNotFound(err)
-		}).Should(BeTrue(), "the finalizer is removed once the grant is released")
+		Expect(apierrors.IsNotFound(admin.Get(suiteCtx, client.ObjectKeyFromObject(b), &locksv1.LockGrant{}))).To(BeTrue())
 		heldC := waitPhase(c, locksv1.PhaseHeld)
 		Expect(heldC.Status.Grant.FenceToken).To(Equal(heldB.Status.Grant.FenceToken + 1))
+		ended := getFR(ns, "batch").Status.RecentlyEnded
+		Expect(ended).To(ContainElement(And(HaveField("GrantUID", string(b.UID)), HaveField("Reason", locksv1.ReasonDeleted))))
 
-		// A holder deleted without the finalizer (e.g. removed by force) is
-		// detected by an uncached read and released too.
-		d := request(ns, "batch", "worker-d", "d")
+		// A LockGrant an earlier client version created carries the release
+		// finalizer: deleted while it holds, its grant ends first, then the
+		// issuer removes the finalizer and it is gone.
+		d := newGrant(ns, "batch", "worker-d", "d")
+		d.Finalizers = []string{locksv1.GrantFinalizer}
+		Expect(workers["worker-d"].Create(suiteCtx, d)).To(Succeed())
 		waitPhase(d, locksv1.PhasePending)
-		Expect(update(admin, &locksv1.LockGrant{ObjectMeta: c.ObjectMeta}, func(g *locksv1.LockGrant) { g.Finalizers = nil })).To(Succeed())
-		Expect(admin.Delete(suiteCtx, c)).To(Succeed())
-		primary.issuer.ResyncAll()
+		Expect(workers["worker-c"].Delete(suiteCtx, c)).To(Succeed())
 		heldD := waitPhase(d, locksv1.PhaseHeld)
 		Expect(heldD.Status.Grant.FenceToken).To(Equal(heldC.Status.Grant.FenceToken + 1))
+		e := request(ns, "batch", "worker-e", "e")
+		waitPhase(e, locksv1.PhasePending)
+		Expect(workers["worker-d"].Delete(suiteCtx, d)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(admin.Get(suiteCtx, client.ObjectKeyFromObject(d), &locksv1.LockGrant{}))
+		}).Should(BeTrue(), "the legacy finalizer is removed once the grant has ended")
+		heldE := waitPhase(e, locksv1.PhaseHeld)
+		Expect(heldE.Status.Grant.FenceToken).To(Equal(heldD.Status.Grant.FenceToken + 1))
 	})
 
 	It("recovers a lost create response by requestID without a second identity", func() {

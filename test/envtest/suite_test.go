@@ -227,7 +227,7 @@ func request(ns, resource, owner, requestID string) *locksv1.LockGrant {
 
 func newGrant(ns, resource, owner, requestID string) *locksv1.LockGrant {
 	return &locksv1.LockGrant{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(resource, owner, requestID), Finalizers: []string{locksv1.GrantFinalizer}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: locksv1.LockGrantName(resource, owner, requestID)},
 		Spec: locksv1.LockGrantSpec{
 			Resource: resource, Owner: owner, RequestID: requestID, Lease: "lease-" + requestID,
 			OperationRoot: root(requestID),

@@ -30,7 +30,13 @@ var _ = Describe("LockGrant tenancy", func() {
 	BeforeEach(func() {
 		ns = newNamespace()
 		newFencedResource(ns, "batch", 30)
-		held = waitPhase(request(ns, "batch", "worker-a", "a"), locksv1.PhaseHeld)
+		// Created as earlier client versions did, with the release finalizer:
+		// a finalizer a co-tenant could remove, and the issuer's removal of
+		// it once the LockGrant is deleted.
+		lg := newGrant(ns, "batch", "worker-a", "a")
+		lg.Finalizers = []string{locksv1.GrantFinalizer}
+		Expect(workers["worker-a"].Create(suiteCtx, lg)).To(Succeed())
+		held = waitPhase(lg, locksv1.PhaseHeld)
 	})
 
 	It("denies a co-tenant's delete of another owner's held LockGrant, and the owner still holds", func() {

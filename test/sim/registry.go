@@ -219,17 +219,12 @@ func (r *registry) reconcile() {
 		r.mirrorLost--
 		r.seen = issuer.Arrivals{} // its memory died with it
 		w.tracef("registry: the issuer died after its CAS; %d LockGrant status write(s) lost", len(res.GrantStatus))
-		res.GrantStatus, res.AddFinalizer, res.RemoveFinalizer = nil, nil, nil
+		res.GrantStatus, res.RemoveFinalizer = nil, nil
 	}
 	for _, u := range res.GrantStatus {
 		if lg := r.find(u.Name); lg != nil {
 			lg.Status = u.Status
 			lg.ResourceVersion = r.revision()
-		}
-	}
-	for _, name := range res.AddFinalizer {
-		if lg := r.find(name); lg != nil && !slices.Contains(lg.Finalizers, locksv1.GrantFinalizer) {
-			lg.Finalizers = append(lg.Finalizers, locksv1.GrantFinalizer)
 		}
 	}
 	for _, name := range res.RemoveFinalizer {

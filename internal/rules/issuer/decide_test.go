@@ -38,7 +38,7 @@ func fr(lease int32) *locksv1.FencedResource {
 func lg(name string, created time.Duration) locksv1.LockGrant {
 	return locksv1.LockGrant{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name),
-			CreationTimestamp: metav1.NewTime(t0.Add(created)), Finalizers: []string{locksv1.GrantFinalizer}},
+			CreationTimestamp: metav1.NewTime(t0.Add(created))},
 		Spec: locksv1.LockGrantSpec{Resource: "batch", Owner: "owner-" + name, RequestID: "req-" + name,
 			Lease: "lease-" + name, OperationRoot: "sha256:" + strings.Repeat("0", 64)},
 	}
@@ -227,27 +227,47 @@ func TestDecideIdleEntryAdoptsEpochLazily(t *testing.T) {
 	}
 }
 
-func TestDecideHolderDeletedAndFinalizers(t *testing.T) {
+// A LockGrant's deletion needs no finalizer to be seen: a holder that
+// vanished is released on the caller's uncached read (HolderDeleted), a
+// waiter that vanished leaves the queue. The release finalizer earlier
+// versions put on is removed once its LockGrant is being deleted and holds
+// nothing, and never put on again.
+func TestDecideHolderDeletedAndLegacyFinalizers(t *testing.T) {
 	f := fr(10)
-	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second)}
-	grants[1].Finalizers = nil
+	grants := []locksv1.LockGrant{lg("a", 0), lg("b", time.Second), lg("c", 2*time.Second)}
 	in := Input{Resource: f, Grants: grants, Now: t0, Epoch: 1, TakeoverAt: t0, Signer: testSigner(t)}
+	if out := apply(t, in); len(out.RemoveFinalizer) != 0 || f.Status.Holder.GrantName != "a" || len(f.Status.Queue) != 2 {
+		t.Fatalf("first decision: remove %v, holder %+v, queue %+v", out.RemoveFinalizer, f.Status.Holder, f.Status.Queue)
+	}
+	for i := range grants {
+		if len(grants[i].Finalizers) != 0 {
+			t.Fatalf("%s was given finalizers %v", grants[i].Name, grants[i].Finalizers)
+		}
+	}
+
+	// The holder's LockGrant vanishes: the caller's read finds it gone.
+	in.Grants, in.HolderDeleted = grants[1:], true
 	out := apply(t, in)
-	if len(out.AddFinalizer) != 1 || out.AddFinalizer[0] != "b" {
-		t.Fatalf("addFinalizer %v", out.AddFinalizer)
+	if f.Status.Holder == nil || f.Status.Holder.GrantName != "b" || out.Counts.Releases != 1 || f.Status.FenceToken != 2 {
+		t.Fatalf("vanished holder: releases %d, holder %+v", out.Counts.Releases, f.Status.Holder)
 	}
+	if i := slices.IndexFunc(f.Status.RecentlyEnded, func(e locksv1.EndedGrant) bool { return e.GrantUID == "uid-a" }); i < 0 ||
+		f.Status.RecentlyEnded[i].Reason != locksv1.ReasonDeleted {
+		t.Fatalf("the vanished holder's end is not recorded as deleted: %+v", f.Status.RecentlyEnded)
+	}
+
+	// Earlier versions' finalizers: the holder b and the waiter c carry it
+	// and are deleted. c leaves the queue, b ends; each finalizer is removed
+	// once its LockGrant holds nothing.
+	in.Grants, in.HolderDeleted = grants[1:], false
 	now := metav1.NewTime(t0)
-	grants[0].DeletionTimestamp = &now
-	out = apply(t, in)
-	if len(out.RemoveFinalizer) != 1 || out.RemoveFinalizer[0] != "a" || f.Status.Holder.GrantName != "b" {
-		t.Fatalf("deletion: remove %v holder %+v", out.RemoveFinalizer, f.Status.Holder)
+	for i := 1; i < 3; i++ {
+		grants[i].Finalizers = []string{locksv1.GrantFinalizer}
+		grants[i].DeletionTimestamp = &now
 	}
-	// A holder confirmed gone (no LockGrant at all) is released too.
-	in.Grants = grants[:1]
-	in.HolderDeleted = true
 	out = apply(t, in)
-	if f.Status.Holder != nil || out.Counts.Releases != 1 {
-		t.Fatalf("holder not released: %+v", f.Status.Holder)
+	if f.Status.Holder != nil || len(f.Status.Queue) != 0 || !slices.Equal(out.RemoveFinalizer, []string{"b", "c"}) {
+		t.Fatalf("legacy finalizers: holder %+v, queue %+v, remove %v", f.Status.Holder, f.Status.Queue, out.RemoveFinalizer)
 	}
 }
 

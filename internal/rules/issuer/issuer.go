@@ -25,7 +25,8 @@
 //     change would be the new issuer epoch is not written; its next write
 //     for another reason adopts the epoch, so a takeover writes only the
 //     entries someone holds or waits on.
-//  9. mirrorGrants: the LockGrant statuses and finalizers that follow.
+//  9. mirrorGrants: the LockGrant statuses that follow (and the removal of
+//     the release finalizer earlier versions put on LockGrants).
 //
 // The caller commits Decision.Status with one compare-and-swap on the
 // FencedResource's resourceVersion; only then are the fence and every other
@@ -95,10 +96,11 @@ type Decision struct {
 	// GrantStatus lists the LockGrants whose status must change, endings
 	// first: written in this order, no two LockGrants ever show Held at once.
 	GrantStatus []GrantStatus
-	// AddFinalizer and RemoveFinalizer list LockGrant names.
-	AddFinalizer, RemoveFinalizer []string
-	Events                        []Event
-	RequeueAfter                  time.Duration
+	// RemoveFinalizer lists the LockGrants being deleted whose release
+	// finalizer (locksv1.GrantFinalizer, put on by earlier versions) must go.
+	RemoveFinalizer []string
+	Events          []Event
+	RequeueAfter    time.Duration
 	// IssuedTo is the LockGrant given a new fence.
 	IssuedTo string
 	// Unconfirmed lists the LockGrants this decision trusts the cache about

@@ -12,9 +12,9 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// mirrorGrants brings each LockGrant's status and finalizer in line with the
-// registry status being committed. Statuses only move forward, and endings
-// are written before the new holder, the holder before waiters.
+// mirrorGrants brings each LockGrant's status in line with the registry
+// status being committed. Statuses only move forward, and endings are written
+// before the new holder, the holder before waiters.
 func mirrorGrants(v *view, d *Decision, ended map[string]locksv1.LockGrantStatus) {
 	inQueue := map[string]bool{}
 	for _, q := range v.st.Queue {
@@ -34,11 +34,7 @@ func mirrorGrants(v *view, d *Decision, ended map[string]locksv1.LockGrantStatus
 				d.PolicyDenial = true
 			}
 		}
-		_, endsNow := ended[string(lg.UID)]
-		switch finalizerChange(lg, isHolder(v.st.Holder, lg), endsNow) {
-		case 1:
-			d.AddFinalizer = append(d.AddFinalizer, lg.Name)
-		case -1:
+		if releasesLegacyFinalizer(lg, isHolder(v.st.Holder, lg)) {
 			d.RemoveFinalizer = append(d.RemoveFinalizer, lg.Name)
 		}
 	}
@@ -47,18 +43,15 @@ func mirrorGrants(v *view, d *Decision, ended map[string]locksv1.LockGrantStatus
 	})
 }
 
-// finalizerChange is +1 to add the release finalizer (a live request, so its
-// deletion is seen as a release), -1 to remove it (deleted and not holding),
-// 0 to leave it.
-func finalizerChange(lg *locksv1.LockGrant, holds, endsNow bool) int {
-	has := slices.Contains(lg.Finalizers, locksv1.GrantFinalizer)
-	switch {
-	case lg.DeletionTimestamp != nil && !holds && has:
-		return -1
-	case lg.DeletionTimestamp == nil && !lg.Status.Phase.Terminal() && !has && !endsNow:
-		return 1
-	}
-	return 0
+// releasesLegacyFinalizer reports whether lg, being deleted and no longer
+// the holder, still carries the release finalizer, which only earlier
+// versions put on (the client at create, the issuer on every live request).
+// It is no longer needed: a holder whose LockGrant vanishes is ended on an
+// uncached read that finds it gone (Input.HolderDeleted), and a waiter that
+// vanishes leaves the queue (rebuildQueue). Keeping it cost every acquisition
+// one more write through the LockGrant webhook, at collection.
+func releasesLegacyFinalizer(lg *locksv1.LockGrant, holds bool) bool {
+	return lg.DeletionTimestamp != nil && !holds && slices.Contains(lg.Finalizers, locksv1.GrantFinalizer)
 }
 
 // statusOrder puts endings before the new holder, and the holder before waiters.
@@ -90,7 +83,7 @@ func desiredGrantStatus(v *view, lg *locksv1.LockGrant, ended map[string]locksv1
 	case cur.Phase == locksv1.PhaseHeld:
 		return formerHolderStatus(v, lg)
 	case lg.DeletionTimestamp != nil:
-		return cur, false // it disappears once the finalizer is removed
+		return cur, false // it disappears (once a legacy finalizer is removed)
 	case lg.Spec.Release:
 		return TerminalStatus(cur, locksv1.PhaseReleased, locksv1.ReasonReleased, in.Now), true
 	}

@@ -129,7 +129,8 @@ func isHolder(h *locksv1.Holder, lg *locksv1.LockGrant) bool {
 }
 
 // Active reports whether a decision can still act on lg: it has not ended,
-// or it is being deleted and still carries the release finalizer. An ended
+// or it is being deleted and still carries the legacy release finalizer
+// (which the decision removes). An ended
 // LockGrant decides nothing: its status never changes again, its name (and
 // so its requestID) cannot be taken while it exists, and the registry's
 // holder record and recentlyEnded say what the queue needs. The operator's

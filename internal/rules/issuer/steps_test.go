@@ -284,12 +284,12 @@ func TestIssueToHead(t *testing.T) {
 	}
 }
 
-func TestFinalizerChange(t *testing.T) {
+func TestReleasesLegacyFinalizer(t *testing.T) {
 	now := metav1.NewTime(t0)
 	with := func(fin, deleting bool, phase locksv1.LockGrantPhase) *locksv1.LockGrant {
 		g := lg("a", 0)
-		if !fin {
-			g.Finalizers = nil
+		if fin {
+			g.Finalizers = []string{locksv1.GrantFinalizer}
 		}
 		if deleting {
 			g.DeletionTimestamp = &now
@@ -298,19 +298,20 @@ func TestFinalizerChange(t *testing.T) {
 		return &g
 	}
 	for _, c := range []struct {
-		name           string
-		g              *locksv1.LockGrant
-		holds, endsNow bool
-		want           int
+		name  string
+		g     *locksv1.LockGrant
+		holds bool
+		want  bool
 	}{
-		{"a live request gets it", with(false, false, locksv1.PhasePending), false, false, 1},
-		{"not when it ends now", with(false, false, locksv1.PhaseHeld), false, true, 0},
-		{"not when terminal", with(false, false, locksv1.PhaseExpired), false, false, 0},
-		{"deleted and not holding: removed", with(true, true, locksv1.PhaseHeld), false, false, -1},
-		{"deleted but still the holder: kept", with(true, true, locksv1.PhaseHeld), true, false, 0},
+		{"a live request never gets it", with(false, false, locksv1.PhasePending), false, false},
+		{"a live request keeps an old one", with(true, false, locksv1.PhasePending), false, false},
+		{"not when terminal and not deleted", with(true, false, locksv1.PhaseExpired), false, false},
+		{"deleted and not holding: removed", with(true, true, locksv1.PhaseHeld), false, true},
+		{"deleted but still the holder: kept", with(true, true, locksv1.PhaseHeld), true, false},
+		{"deleted without one: nothing to write", with(false, true, locksv1.PhaseHeld), false, false},
 	} {
-		if got := finalizerChange(c.g, c.holds, c.endsNow); got != c.want {
-			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		if got := releasesLegacyFinalizer(c.g, c.holds); got != c.want {
+			t.Errorf("%s: %t, want %t", c.name, got, c.want)
 		}
 	}
 }
