@@ -62,6 +62,9 @@ type ProtectedObjectValidator struct {
 	// nominates entries (each is then read through Reader); an object it does
 	// not know and that names no entry itself is nobody's target.
 	Index client.Reader
+	// Namespace is the operator's namespace, where the target claims are
+	// (see claimedEntry).
+	Namespace string
 	// Writer records a deleted target's fence state in the registry.
 	Writer   client.Client
 	Mapper   meta.RESTMapper
@@ -87,14 +90,15 @@ func SetupProtectedWebhook(mgr ctrl.Manager, namespace string, clk clock.Clock) 
 		return nil, err
 	}
 	v := &ProtectedObjectValidator{
-		Reader:   mgr.GetAPIReader(),
-		Index:    mgr.GetCache(),
-		Writer:   mgr.GetClient(),
-		Mapper:   mgr.GetRESTMapper(),
-		Bundle:   bundle,
-		Clock:    clk,
-		Recorder: mgr.GetEventRecorder("fencekeeper-webhook"),
-		Status:   status,
+		Reader:    mgr.GetAPIReader(),
+		Index:     mgr.GetCache(),
+		Namespace: namespace,
+		Writer:    mgr.GetClient(),
+		Mapper:    mgr.GetRESTMapper(),
+		Bundle:    bundle,
+		Clock:     clk,
+		Recorder:  mgr.GetEventRecorder("fencekeeper-webhook"),
+		Status:    status,
 	}
 	mgr.GetWebhookServer().Register(ProtectedPath, &webhook.Admission{Handler: v})
 	return v, nil
@@ -235,8 +239,9 @@ func (v *ProtectedObjectValidator) entry(ctx context.Context, r *request) (*lock
 }
 
 // candidates names the entries that may protect the object: those its old
-// and new fencekeeper.dev/resource annotation name, and those the cache
-// indexes under its group, kind and name.
+// and new fencekeeper.dev/resource annotation name, those the cache indexes
+// under its group, kind and name, and for a create neither knows, the entry
+// its target claim names.
 func (v *ProtectedObjectValidator) candidates(ctx context.Context, r *request, key string) ([]string, error) {
 	var names []string
 	for _, o := range []*unstructured.Unstructured{r.oldObj, r.newObj} {
@@ -255,9 +260,16 @@ func (v *ProtectedObjectValidator) candidates(ctx context.Context, r *request, k
 		// replica whose cache has not yet seen a new entry cannot let a
 		// stranger create its target (for instance right after its holder
 		// deleted it). Updates need no such read: an existing target either
-		// names its entry or has never been written under a grant.
-		if err := v.Reader.List(ctx, &indexed, client.InNamespace(r.Namespace), client.MatchingFields{locksv1.FencedResourceTargetNameField: r.name}); err != nil {
+		// names its entry or has never been written under a grant. One GET
+		// of the target's claim, not a LIST of the namespace's entries:
+		// every create in an enrolled namespace comes here, and with
+		// 100,000 entries a LIST costs the API server a walk of them all.
+		name, err := claimedEntry(ctx, v.Reader, v.Namespace, r.Namespace, key)
+		if err != nil {
 			return nil, fmt.Errorf("look up the FencedResource of %s: %w", key, err)
+		}
+		if name != "" {
+			names = append(names, name)
 		}
 	}
 	for _, fr := range indexed.Items {

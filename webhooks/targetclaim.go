@@ -146,6 +146,28 @@ func entryTargets(ctx context.Context, reader client.Reader, holder, key string)
 	return other.Spec.Target != nil && other.Spec.Target.Key() == key, nil
 }
 
+// claimedEntry is the name of the entry in namespace ns that the target
+// claim of key names, read around the cache, or "" when there is no claim.
+// Every entry with a target claims it before it is admitted, and a claim
+// goes only once its entry is gone or names another target, so an entry the
+// cache has not seen yet is found here; an entry older than claims is in
+// the cache long since. The caller still reads the entry: the claim may
+// name one whose create has not landed, or that is gone.
+func claimedEntry(ctx context.Context, reader client.Reader, operatorNamespace, ns, key string) (string, error) {
+	var claim coordinationv1.Lease
+	name := types.NamespacedName{Namespace: operatorNamespace, Name: locksv1.TargetClaimName(ns, key)}
+	if err := reader.Get(ctx, name, &claim); apierrors.IsNotFound(err) {
+		return "", nil
+	} else if err != nil {
+		return "", fmt.Errorf("read the target claim (Lease %s): %w", name, err)
+	}
+	entryNS, entry, ok := strings.Cut(ptr.Deref(claim.Spec.HolderIdentity, ""), "/")
+	if !ok || entryNS != ns {
+		return "", nil
+	}
+	return entry, nil
+}
+
 func wrapClaimErr(err error, name types.NamespacedName) error {
 	if err == nil {
 		return nil

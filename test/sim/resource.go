@@ -80,12 +80,13 @@ type observation struct {
 func newResource(w *world) *resource {
 	reader := apiReader{w.reg}
 	v := &webhooks.ProtectedObjectValidator{
-		Reader:   reader,
-		Index:    indexReader{reader},
-		Writer:   statusWriter{r: w.reg},
-		Bundle:   &webhooks.TrustBundleSource{Reader: reader, Key: types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.TrustBundleConfigMap}},
-		Clock:    w.clock,
-		Recorder: discardEvents{},
+		Reader:    reader,
+		Index:     indexReader{reader},
+		Namespace: locksv1.DefaultNamespace,
+		Writer:    statusWriter{r: w.reg},
+		Bundle:    &webhooks.TrustBundleSource{Reader: reader, Key: types.NamespacedName{Namespace: locksv1.DefaultNamespace, Name: locksv1.TrustBundleConfigMap}},
+		Clock:     w.clock,
+		Recorder:  discardEvents{},
 	}
 	s := &resource{w: w, v: v, accept: v.Handle, enrolled: true}
 	if w.cfg.Acceptance != nil {
