@@ -138,29 +138,30 @@ var armers = map[Fault]armer{
 // and FaultPlantedOwnForgery have none: they happen only as the entry is
 // created (see startIndexLag).
 var injectors = map[Fault]func(*adversary) bool{
-	FaultDuplicateSegment:  (*adversary).duplicate,
-	FaultReplayOldEnvelope: (*adversary).replayOld,
-	FaultDifferentPayload:  (*adversary).differentPayload,
-	FaultRestoreSnapshot:   (*adversary).restoreBackup,
-	FaultForgedGrant:       (*adversary).forged,
-	FaultOversizedToken:    (*adversary).oversized,
-	FaultTamperedGrant:     (*adversary).tampered,
-	FaultCrossResource:     (*adversary).crossResource,
-	FaultRevokedEpoch:      (*adversary).revokeEpoch,
-	FaultStolenGrant:       (*adversary).stolen,
-	FaultPayloadMismatch:   (*adversary).payloadMismatch,
-	FaultUnfencedWrite:     (*adversary).unfenced,
-	FaultIssuerFailover:    (*adversary).failover,
-	FaultPolicyChange:      (*adversary).policyChange,
-	FaultReceiptLog:        (*adversary).receiptLog,
-	FaultStrangerCreate:    func(a *adversary) bool { return a.onAbsent(a.strangerCreate) },
-	FaultPlantedCreate:     func(a *adversary) bool { return a.onAbsent(a.plantedCreate) },
-	FaultProtectionRemoved: (*adversary).protectionRemoved,
-	FaultUndeclaredDelete:  (*adversary).undeclaredDelete,
-	FaultNamespaceTeardown: (*adversary).impersonatedTeardown,
-	FaultIssuerCacheLag:    (*adversary).issuerCacheLag,
-	FaultSharedIdentity:    (*adversary).sharedIdentity,
-	FaultMirrorLost:        (*adversary).mirrorLost,
+	FaultDuplicateSegment:   (*adversary).duplicate,
+	FaultReplayOldEnvelope:  (*adversary).replayOld,
+	FaultDifferentPayload:   (*adversary).differentPayload,
+	FaultRestoreSnapshot:    (*adversary).restoreBackup,
+	FaultForgedGrant:        (*adversary).forged,
+	FaultOversizedToken:     (*adversary).oversized,
+	FaultTamperedGrant:      (*adversary).tampered,
+	FaultCrossResource:      (*adversary).crossResource,
+	FaultRevokedEpoch:       (*adversary).revokeEpoch,
+	FaultStolenGrant:        (*adversary).stolen,
+	FaultPayloadMismatch:    (*adversary).payloadMismatch,
+	FaultUnfencedWrite:      (*adversary).unfenced,
+	FaultIssuerFailover:     (*adversary).failover,
+	FaultPolicyChange:       (*adversary).policyChange,
+	FaultReceiptLog:         (*adversary).receiptLog,
+	FaultStrangerCreate:     func(a *adversary) bool { return a.onAbsent(a.strangerCreate) },
+	FaultPlantedCreate:      func(a *adversary) bool { return a.onAbsent(a.plantedCreate) },
+	FaultProtectionRemoved:  (*adversary).protectionRemoved,
+	FaultUndeclaredDelete:   (*adversary).undeclaredDelete,
+	FaultNamespaceTeardown:  (*adversary).impersonatedTeardown,
+	FaultIssuerCacheLag:     (*adversary).issuerCacheLag,
+	FaultSharedIdentity:     (*adversary).sharedIdentity,
+	FaultMirrorLost:         (*adversary).mirrorLost,
+	FaultHolderGrantDeleted: (*adversary).holderGrantDeleted,
 }
 
 // mirrorLost has the issuer's next one to three decisions commit while
@@ -633,6 +634,25 @@ func (a *adversary) sharedIdentity() bool {
 	r.pod = replica
 	a.send(r)
 	return a.injected(FaultSharedIdentity, "another pod of %s writes under the holder's grant (fence %d, intent %q)", src.g.Owner, src.g.FenceToken, env.Intent)
+}
+
+// holderGrantDeleted deletes the holder's LockGrant. Nothing holds it back
+// (no finalizer): the issuer decides at once, from a cache that may still
+// show it (FaultIssuerCacheLag) or a read around it that finds it gone.
+func (a *adversary) holderGrantDeleted() bool {
+	r := a.w.reg
+	h := r.fr.Status.Holder
+	if h == nil {
+		return false
+	}
+	i := slices.IndexFunc(r.grants, func(lg locksv1.LockGrant) bool { return lg.Name == h.GrantName && string(lg.UID) == h.GrantUID })
+	if i < 0 {
+		return false
+	}
+	r.grants = slices.Delete(r.grants, i, i+1)
+	a.injected(FaultHolderGrantDeleted, "LockGrant %s of %s (fence %d) is deleted while it holds", h.GrantName, h.Owner, h.FenceToken)
+	r.reconcile()
+	return true
 }
 
 func (a *adversary) payloadMismatch() bool {

@@ -61,6 +61,12 @@ const (
 	// object's fence annotation and writes, declares a delete or deletes
 	// under it.
 	FaultSharedIdentity
+	// FaultHolderGrantDeleted: the holder's LockGrant is deleted (by its
+	// owner or a break-glass admin) while it holds. LockGrants carry no
+	// finalizer, so it is gone at once: the issuer learns it from a read
+	// around its cache, and the worker from a read of its LockGrant, in
+	// either order, while the worker may still be writing.
+	FaultHolderGrantDeleted
 	numFaults
 )
 
@@ -75,6 +81,7 @@ var faultNames = [numFaults]string{
 	"undeclared delete (holder's identity)", "declared delete + re-create", "namespace teardown", "webhook index lags entry creation",
 	"planted forgery naming this resource (index lag)", "issuer's LockGrant cache lags",
 	"LockGrant writes lost after the CAS", "holder's grant used from another pod of its identity",
+	"holder's LockGrant deleted",
 }
 
 func (f Fault) String() string {

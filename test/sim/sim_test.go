@@ -215,6 +215,11 @@ func TestOracleCatchesBrokenRules(t *testing.T) {
 		{"lets another pod of the holder's identity use its grant", func(_ admission.Request, v fence.Verdict) bool {
 			return v == fence.WrongOwner
 		}, []Fault{FaultSharedIdentity}, vWrongPod},
+		// A holder whose LockGrant was deleted writes on until it reads
+		// that it is gone: only the acceptance point stops it.
+		{"accepts the writes of a holder whose LockGrant was deleted", func(_ admission.Request, v fence.Verdict) bool {
+			return v == fence.StaleOwner || v == fence.NotHeld
+		}, []Fault{FaultHolderGrantDeleted}, vStaleWrite},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
