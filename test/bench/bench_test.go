@@ -92,8 +92,9 @@ func TestQuickBench(t *testing.T) {
 	// throughput against both floors, writes in the window and at steady
 	// state, operator CPU, the raw ratio and one line per sweep point;
 	// webhook overhead and ratio at one rate; scale handoff and webhook
-	// against their controls, both p99 growths, create and RSS; non-target.
-	want := 5 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 6 + 1
+	// against their controls, both p99 growths, create and RSS; non-target
+	// update and create.
+	want := 5 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 6 + 2
 	if len(rep.Targets) != want {
 		t.Errorf("%d target lines, want %d", len(rep.Targets), want)
 	}

@@ -54,13 +54,22 @@ type nontargetResult struct {
 	// Protected: (c) a fenced write to a target, in the enrolled namespace.
 	Protected dist `json:"protected"`
 	// RegistryGet: (d) a client's GET of one of the entries, same schedule.
-	RegistryGet    dist    `json:"registry_get"`
-	NonTargetP99   float64 `json:"p99_ratio_nontarget_over_unprotected"`
-	NonTargetP50   float64 `json:"p50_ratio_nontarget_over_unprotected"`
-	NamesEntryP99  float64 `json:"p99_ratio_naming_entry_over_unprotected"`
-	ProtectedP99   float64 `json:"p99_ratio_protected_over_unprotected"`
-	ProtectedP50   float64 `json:"p50_ratio_protected_over_unprotected"`
-	NonTargetLimit float64 `json:"nontarget_p99_limit_ms"`
+	RegistryGet dist `json:"registry_get"`
+	// UnprotectedCreate, NonTargetCreate: creates of new ConfigMaps, in the
+	// namespace without FencedResources and in the enrolled one. The
+	// webhook's index does not know a new object, so it asks the API server
+	// whether an entry not in its cache yet protects it: that question must
+	// not grow with the namespace's entries.
+	UnprotectedCreate  dist    `json:"unprotected_create"`
+	NonTargetCreate    dist    `json:"nontarget_create"`
+	NonTargetCreateP99 float64 `json:"p99_ratio_nontarget_create_over_unprotected_create"`
+	NonTargetCreateLim float64 `json:"nontarget_create_p99_limit_ms"` // unprotected create p99 + registry GET p99
+	NonTargetP99       float64 `json:"p99_ratio_nontarget_over_unprotected"`
+	NonTargetP50       float64 `json:"p50_ratio_nontarget_over_unprotected"`
+	NamesEntryP99      float64 `json:"p99_ratio_naming_entry_over_unprotected"`
+	ProtectedP99       float64 `json:"p99_ratio_protected_over_unprotected"`
+	ProtectedP50       float64 `json:"p50_ratio_protected_over_unprotected"`
+	NonTargetLimit     float64 `json:"nontarget_p99_limit_ms"`
 	// EnrolledCalls: UPDATE calls of vprotected-enrolled the API server made
 	// while measuring, with their duration as it measured them (interpolated
 	// within histogram buckets) — the proof that (b) reached the webhook.
@@ -119,6 +128,23 @@ func (p *plainConfigMap) update(ctx context.Context) (time.Duration, error) {
 	return d, nil
 }
 
+// newConfigMaps creates a new ConfigMap in ns on every call (the same
+// 512-byte payload as the updates).
+func newConfigMaps(kube client.Client, ns string) request {
+	var n atomic.Int64
+	return func(ctx context.Context, _ int) (time.Duration, error) {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("new-%d", n.Add(1))},
+			Data: map[string]string{"payload": strings.Repeat("x", 512)}}
+		t := time.Now()
+		err := kube.Create(ctx, cm)
+		d := time.Since(t)
+		if err != nil {
+			return 0, fmt.Errorf("create %s/%s: %w", ns, cm.Name, err)
+		}
+		return d, nil
+	}
+}
+
 func plainRequests(cms []*plainConfigMap) request {
 	return func(ctx context.Context, i int) (time.Duration, error) { return cms[i%len(cms)].update(ctx) }
 }
@@ -169,8 +195,10 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	pair := func(k int) request {
 		return func(ctx context.Context, i int) (time.Duration, error) { return pairs[i%len(pairs)].update(ctx, k) }
 	}
-	// (a) unprotected, (b) non-target, non-target naming an entry, (c) protected, (d) registry GET.
-	kinds := []request{plainRequests(plain), plainRequests(enrolled), pair(1), pair(0), get}
+	// (a) unprotected, (b) non-target, non-target naming an entry, (c)
+	// protected, (d) registry GET, then creates: unprotected, non-target.
+	kinds := []request{plainRequests(plain), plainRequests(enrolled), pair(1), pair(0), get,
+		newConfigMaps(kube, plainNS), newConfigMaps(kube, enrolledNS)}
 	if _, err := openLoop(ctx, cfg.ntRate, 10, kinds...); err != nil { // warm-up
 		return err
 	}
@@ -182,10 +210,12 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	}
 	x.Unprotected, x.NonTarget, x.NamesEntry, x.Protected, x.RegistryGet =
 		summarize(out[0]), summarize(out[1]), summarize(out[2]), summarize(out[3]), summarize(out[4])
+	x.UnprotectedCreate, x.NonTargetCreate = summarize(out[5]), summarize(out[6])
 	x.webhookEvidence(ctx, e, opBefore, apiBefore)
 	x.judge(r)
-	fmt.Fprintf(log, "   p99 ms: unprotected %s, non-target %s, naming an entry %s, protected %s, registry GET %s\n",
-		fmtF(x.Unprotected.P99), fmtF(x.NonTarget.P99), fmtF(x.NamesEntry.P99), fmtF(x.Protected.P99), fmtF(x.RegistryGet.P99))
+	fmt.Fprintf(log, "   p99 ms: unprotected %s, non-target %s, naming an entry %s, protected %s, registry GET %s; creates: unprotected %s, non-target %s\n",
+		fmtF(x.Unprotected.P99), fmtF(x.NonTarget.P99), fmtF(x.NamesEntry.P99), fmtF(x.Protected.P99), fmtF(x.RegistryGet.P99),
+		fmtF(x.UnprotectedCreate.P99), fmtF(x.NonTargetCreate.P99))
 	return nil
 }
 
@@ -252,6 +282,15 @@ func (x *nontargetResult) judge(r *report) {
 		x.NonTarget.P99, atMost(x.NonTargetLimit), "ms",
 		fmt.Sprintf("ConfigMap updates at %g/s (all kinds): non-target in the enrolled namespace p50/p99 %s/%s ms, unprotected (no FencedResources) %s/%s ms; p99 ratio %s×",
 			x.Rate, fmtF(x.NonTarget.P50), fmtF(x.NonTarget.P99), fmtF(x.Unprotected.P50), fmtF(x.Unprotected.P99), fmtF(x.NonTargetP99)))
+	// A create the index cannot answer: the webhook reads one object
+	// around its cache (the target claim), which may cost what a registry
+	// GET costs, and nothing that grows with the namespace's entries.
+	x.NonTargetCreateP99 = ratio(x.NonTargetCreate.P99, x.UnprotectedCreate.P99)
+	x.NonTargetCreateLim = round2(x.UnprotectedCreate.P99 + x.RegistryGet.P99)
+	r.judge(fmt.Sprintf("non-target create, %d entries (%d with a target)", x.Entries+x.Untargeted, x.Entries), "non-target p99 ≤ unprotected create p99 + registry GET p99",
+		x.NonTargetCreate.P99, atMost(x.NonTargetCreateLim), "ms",
+		fmt.Sprintf("ConfigMap creates (the webhook's index knows no new object; it reads the target claim): non-target in the enrolled namespace p50/p99 %s/%s ms, unprotected %s/%s ms; p99 ratio %s×",
+			fmtF(x.NonTargetCreate.P50), fmtF(x.NonTargetCreate.P99), fmtF(x.UnprotectedCreate.P50), fmtF(x.UnprotectedCreate.P99), fmtF(x.NonTargetCreateP99)))
 }
 
 // loadEntries creates n FencedResources prefix00000…, with a ConfigMap
@@ -391,6 +430,9 @@ func (x *nontargetResult) print(out io.Writer, section func(string), row func(..
 	kind("non-target naming an entry (annotation)", x.NamesEntry)
 	kind("(c) protected (fenced)", x.Protected)
 	kind("(d) registry GET (a FencedResource)", x.RegistryGet)
+	row("create, unprotected namespace", x.UnprotectedCreate.N, x.UnprotectedCreate.P50, x.UnprotectedCreate.P90, x.UnprotectedCreate.P99, x.UnprotectedCreate.Max, 1.0, 1.0)
+	row("create, non-target in the enrolled namespace", x.NonTargetCreate.N, x.NonTargetCreate.P50, x.NonTargetCreate.P90, x.NonTargetCreate.P99, x.NonTargetCreate.Max,
+		ratio(x.NonTargetCreate.P50, x.UnprotectedCreate.P50), x.NonTargetCreateP99)
 	flush()
 	if x.SetupError != "" {
 		fmt.Fprintf(out, "setup stopped by a failed create: %s\n", x.SetupError)
