@@ -11,8 +11,10 @@
 //     record, and gates every reconciler until then.
 //   - IssuerReconciler (issuer_controller.go) runs the lease lifecycle of
 //     one FencedResource at a time: gather (cache, plus uncached reads where a
-//     stale view could issue a fence twice) → decide (issuer.Decide, pure,
-//     confirmed by issuer.DecideConfirmed's reads around the cache) → commit
+//     stale view could issue a fence twice, and its own last registry write
+//     while the cache does not show it yet, ownwrites.go) → decide
+//     (issuer.Decide, pure, confirmed by issuer.DecideConfirmed's reads
+//     around the cache) → commit
 //     (one compare-and-swap of the FencedResource status, the only place a
 //     fence is allocated) → mirror (Events, then the LockGrant writes handed
 //     to the grantWriter, grant_writer.go, which writes them outside the

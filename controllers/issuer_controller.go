@@ -60,6 +60,8 @@ type IssuerReconciler struct {
 	confirmSlots chan struct{}
 	// arrivals: waiters whose registry queue entry was deferred (arrivals.go)
 	arrivals deferredArrivals
+	// own: the registry writes the cache does not show yet (ownwrites.go)
+	own ownWrites
 }
 
 // SetupWithManager registers the controller and the LockGrant indexes.
@@ -82,7 +84,7 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	})}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
-		Watches(&locksv1.FencedResource{}, newEntriesLast{&handler.EnqueueRequestForObject{}}).
+		Watches(&locksv1.FencedResource{}, shownOwnWrites{newEntriesLast{&handler.EnqueueRequestForObject{}}, &r.own}).
 		Watches(&locksv1.LockGrant{}, toResource, builder.WithPredicates(notOwnEcho(r.statuses))).
 		WatchesRawSource(r.Identity.resyncSource(r.Client)).
 		WatchesRawSource(r.requeue.source()).
@@ -123,6 +125,7 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	in, found, err := r.gather(ctx, req.NamespacedName)
 	if err != nil || !found {
 		r.arrivals.forget(req.NamespacedName)
+		r.own.forget(req.NamespacedName)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
@@ -140,10 +143,14 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	committed, err := r.commit(ctx, in.Resource, &d)
 	if err != nil || !committed {
 		r.arrivals.forget(req.NamespacedName)
+		r.own.forget(req.NamespacedName)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	if in.Resource.ResourceVersion != from {
+		r.own.wrote(req.NamespacedName, from, in.Resource)
 	}
 	r.arrivals.set(req.NamespacedName, d.Deferred.Committed(from, in.Resource.ResourceVersion))
 	r.confirmLater(ctx, req.NamespacedName, &in, &d)
@@ -152,12 +159,15 @@ func (r *IssuerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 
 // gather reads the FencedResource, its active LockGrants (from the cache's
 // index) and the issuer's state; found is false when the FencedResource does
-// not exist.
+// not exist. A cached FencedResource older than the issuer's own last
+// compare-and-swap on it is replaced by what that swap wrote (ownWrites).
 func (r *IssuerReconciler) gather(ctx context.Context, key types.NamespacedName) (issuer.Input, bool, error) {
+	own := r.own.get(key)
 	fr := &locksv1.FencedResource{}
 	if err := r.Get(ctx, key, fr); err != nil {
 		return issuer.Input{}, false, client.IgnoreNotFound(err)
 	}
+	fr = r.own.view(key, own, fr)
 	var list locksv1.LockGrantList
 	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{activeGrantsIndex: fr.Name}); err != nil {
 		return issuer.Input{}, false, err

@@ -30,7 +30,10 @@
 //
 // The caller commits Decision.Status with one compare-and-swap on the
 // FencedResource's resourceVersion; only then are the fence and every other
-// decision real.
+// decision real. It decides from its cache, except while the cache still
+// shows a version its own last compare-and-swap replaced: then from what
+// that swap wrote (OwnWrites), since a decision from the older version
+// repeats the swap and can only lose.
 package issuer
 
 import (

@@ -1,0 +1,106 @@
+package controllers
+
+import (
+	"context"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
+	"github.com/fencekeeper/fencekeeper/internal/rules/issuer"
+)
+
+// ownWrites keeps, per FencedResource, the issuer's own compare-and-swaps
+// its cache does not show yet (issuer.OwnWrites), so that a decision asked
+// for meanwhile is made from the latest of them rather than from the version
+// it replaced, which could only lose its compare-and-swap. An entry lives
+// for the informer's lag: the FencedResource watch drops it once the cache
+// shows the write (shownOwnWrites), and so does the next gather.
+type ownWrites struct {
+	mu sync.Mutex
+	by map[types.NamespacedName]issuer.OwnWrites
+}
+
+// get is the memory of key's own writes, taken before the cache is read:
+// an entry dropped in between was dropped because the cache shows it.
+func (o *ownWrites) get(key types.NamespacedName) issuer.OwnWrites {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.by[key]
+}
+
+// view is the FencedResource to decide key from (issuer.OwnWrites.View),
+// given the memory get returned before cached was read; it drops the memory
+// when cached shows the latest own write.
+func (o *ownWrites) view(key types.NamespacedName, own issuer.OwnWrites, cached *locksv1.FencedResource) *locksv1.FencedResource {
+	if own.Latest == nil {
+		return cached
+	}
+	if !own.Lags(cached.ResourceVersion) {
+		o.shown(cached)
+		return cached
+	}
+	return own.View(cached)
+}
+
+// wrote records a compare-and-swap of key on version from that left it as
+// fr (the API server's response, not changed afterwards).
+func (o *ownWrites) wrote(key types.NamespacedName, from string, fr *locksv1.FencedResource) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.by == nil {
+		o.by = map[types.NamespacedName]issuer.OwnWrites{}
+	}
+	o.by[key] = o.by[key].Wrote(from, fr)
+}
+
+// shown drops the memory of fr's own writes when fr, as the cache now has
+// it, is not older than the latest of them.
+func (o *ownWrites) shown(fr client.Object) {
+	key := client.ObjectKeyFromObject(fr)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if own, ok := o.by[key]; ok && !own.Lags(fr.GetResourceVersion()) {
+		delete(o.by, key)
+	}
+}
+
+// forget drops the memory of key's own writes: the FencedResource is gone,
+// or a compare-and-swap lost (someone else wrote; the cache will show it).
+func (o *ownWrites) forget(key types.NamespacedName) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.by, key)
+}
+
+// shownOwnWrites passes a FencedResource's events on, first dropping the
+// memory of the issuer's own writes the cache now shows: the informer has
+// stored an object before its handlers see it, so from then on a gather
+// reads that version or a newer one.
+type shownOwnWrites struct {
+	handler.TypedEventHandler[client.Object, reconcile.Request]
+	own *ownWrites
+}
+
+// Create implements handler.EventHandler.
+func (h shownOwnWrites) Create(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	h.own.shown(e.Object)
+	h.TypedEventHandler.Create(ctx, e, q)
+}
+
+// Update implements handler.EventHandler.
+func (h shownOwnWrites) Update(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	h.own.shown(e.ObjectNew)
+	h.TypedEventHandler.Update(ctx, e, q)
+}
+
+// Delete implements handler.EventHandler.
+func (h shownOwnWrites) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	h.own.forget(client.ObjectKeyFromObject(e.Object))
+	h.TypedEventHandler.Delete(ctx, e, q)
+}
