@@ -49,8 +49,11 @@ func (o *ownWrites) view(key types.NamespacedName, own issuer.OwnWrites, cached 
 }
 
 // wrote records a compare-and-swap of key on version from that left it as
-// fr (the API server's response, not changed afterwards).
+// fr (the API server's response). It keeps its own copy: the decision's
+// input goes on to its mirror, and nothing it does there may change what a
+// later decision starts from.
 func (o *ownWrites) wrote(key types.NamespacedName, from string, fr *locksv1.FencedResource) {
+	fr = fr.DeepCopy()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.by == nil {
