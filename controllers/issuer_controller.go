@@ -167,7 +167,7 @@ func (r *IssuerReconciler) gather(ctx context.Context, key types.NamespacedName)
 	if err := r.Get(ctx, key, fr); err != nil {
 		return issuer.Input{}, false, client.IgnoreNotFound(err)
 	}
-	fr = r.own.view(key, own, fr)
+	fr = r.own.view(own, fr)
 	var list locksv1.LockGrantList
 	if err := r.List(ctx, &list, client.InNamespace(fr.Namespace), client.MatchingFields{activeGrantsIndex: fr.Name}); err != nil {
 		return issuer.Input{}, false, err

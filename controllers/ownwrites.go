@@ -34,10 +34,10 @@ func (o *ownWrites) get(key types.NamespacedName) issuer.OwnWrites {
 	return o.by[key]
 }
 
-// view is the FencedResource to decide key from (issuer.OwnWrites.View),
+// view is the FencedResource to decide from (issuer.OwnWrites.View),
 // given the memory get returned before cached was read; it drops the memory
 // when cached shows the latest own write.
-func (o *ownWrites) view(key types.NamespacedName, own issuer.OwnWrites, cached *locksv1.FencedResource) *locksv1.FencedResource {
+func (o *ownWrites) view(own issuer.OwnWrites, cached *locksv1.FencedResource) *locksv1.FencedResource {
 	if own.Latest == nil {
 		return cached
 	}

@@ -51,7 +51,7 @@ func TestCreateTheIndexMissesReadsTheTargetClaim(t *testing.T) {
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("billing/batch")}}
 	server := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(entry, claim).Build()
 	laggingIndex := fake.NewClientBuilder().WithScheme(testScheme(t)).WithIndex(&locksv1.FencedResource{}, locksv1.FencedResourceTargetField,
-		func(o client.Object) []string { return nil }).Build()
+		func(client.Object) []string { return nil }).Build()
 	v := &ProtectedObjectValidator{Reader: noLists{server}, Index: laggingIndex, Namespace: operatorNS}
 	create := func(ns, name string) *request {
 		return &request{Request: admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create, Namespace: ns}},
