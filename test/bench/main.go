@@ -114,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.ntEntries, "nontarget-entries", 10000, "FencedResources (each with a ConfigMap target) in the enrolled namespace of the non-target run.")
 	fs.DurationVar(&c.ntBudget, "nontarget-setup-budget", 5*time.Minute, "Stop creating the non-target run's entries after this long and measure with what exists (0: create them all; 10,000 takes far longer, see docs/performance.md).")
 	fs.BoolVar(&c.ntFill, "nontarget-fill", true, "When the setup budget ends the non-target run's load early, add entries without a target (admitted without a list) up to -nontarget-entries.")
-	fs.IntVar(&c.ntSamples, "nontarget-samples", 400, "Requests measured per kind in the non-target run (unprotected, non-target, non-target naming an entry, protected, registry GET, and creates: unprotected, non-target).")
+	fs.IntVar(&c.ntSamples, "nontarget-samples", 1000, "Requests measured per kind in the non-target run, over its repetitions (unprotected, non-target, non-target naming an entry, protected, registry GET, and creates: unprotected, non-target).")
 	fs.Float64Var(&c.ntRate, "nontarget-rate", 100, "Requests/s of the non-target run, all seven kinds together.")
 	c.soak.register(fs)
 	if err := fs.Parse(args); err != nil {

@@ -70,6 +70,10 @@ type nontargetResult struct {
 	ProtectedP99       float64 `json:"p99_ratio_protected_over_unprotected"`
 	ProtectedP50       float64 `json:"p50_ratio_protected_over_unprotected"`
 	NonTargetLimit     float64 `json:"nontarget_p99_limit_ms"`
+	// NonTargetReps, NonTargetCreateReps: each repetition's p99 over its
+	// limit (the tail rule's repetitions; ≤ 1 is within it).
+	NonTargetReps       []float64 `json:"nontarget_p99_over_limit_reps"`
+	NonTargetCreateReps []float64 `json:"nontarget_create_p99_over_limit_reps"`
 	// EnrolledCalls: UPDATE calls of vprotected-enrolled the API server made
 	// while measuring, with their duration as it measured them (interpolated
 	// within histogram buckets) — the proof that (b) reached the webhook.
@@ -204,10 +208,21 @@ func (r *report) nontarget(ctx context.Context, e *env, cfg *config, log io.Writ
 	}
 	opBefore, _ := e.op.Metrics(ctx)
 	apiBefore, _ := e.apiserverMetrics(ctx)
-	out, err := openLoop(ctx, cfg.ntRate, cfg.ntSamples, kinds...)
-	if err != nil {
-		return err
+	// The tail rule's repetitions: successive open loops, each with every
+	// kind interleaved; the verdicts are judged per repetition, the
+	// distributions printed are all repetitions pooled.
+	pooled := make([][]time.Duration, len(kinds))
+	for rep := 0; rep < repetitionCount; rep++ {
+		out, err := openLoop(ctx, cfg.ntRate, max(1, cfg.ntSamples/repetitionCount), kinds...)
+		if err != nil {
+			return err
+		}
+		for k := range out {
+			pooled[k] = append(pooled[k], out[k]...)
+		}
+		x.addRepetition(summarize(out[0]), summarize(out[1]), summarize(out[4]), summarize(out[5]), summarize(out[6]))
 	}
+	out := pooled
 	x.Unprotected, x.NonTarget, x.NamesEntry, x.Protected, x.RegistryGet =
 		summarize(out[0]), summarize(out[1]), summarize(out[2]), summarize(out[3]), summarize(out[4])
 	x.UnprotectedCreate, x.NonTargetCreate = summarize(out[5]), summarize(out[6])
@@ -270,27 +285,41 @@ func (x *nontargetResult) webhookEvidence(ctx context.Context, e *env, opBefore,
 	}
 }
 
-// judge: a non-target in an enrolled namespace may cost what one webhook
-// round trip answered from the cache costs, within the noise of the
-// baseline — p99 ≤ unprotected p99 × 1.5 + 1 ms (docs/performance.md).
+// Per-repetition limits. A non-target update in an enrolled namespace may
+// cost what one webhook round trip answered from the cache costs, within the
+// noise of the baseline: p99 ≤ unprotected p99 × 1.5 + 1 ms. A create the
+// index cannot answer reads one object around the webhook's cache (the
+// target claim), which may cost what a registry GET costs, and nothing that
+// grows with the namespace's entries: p99 ≤ unprotected create p99 +
+// registry GET p99.
+func nonTargetLimit(unprotected dist) float64 { return unprotected.P99*1.5 + 1 }
+func nonTargetCreateLimit(unprotectedCreate, get dist) float64 {
+	return unprotectedCreate.P99 + get.P99
+}
+
+// addRepetition records one repetition's p99s against their limits.
+func (x *nontargetResult) addRepetition(unprotected, nonTarget, get, unprotectedCreate, nonTargetCreate dist) {
+	x.NonTargetReps = append(x.NonTargetReps, ratio(nonTarget.P99, nonTargetLimit(unprotected)))
+	x.NonTargetCreateReps = append(x.NonTargetCreateReps, ratio(nonTargetCreate.P99, nonTargetCreateLimit(unprotectedCreate, get)))
+}
+
+// judge judges both lines by the tail rule on the per-repetition ratios to
+// their limits; the pooled figures are the detail.
 func (x *nontargetResult) judge(r *report) {
 	x.NonTargetP99, x.NonTargetP50 = ratio(x.NonTarget.P99, x.Unprotected.P99), ratio(x.NonTarget.P50, x.Unprotected.P50)
 	x.NamesEntryP99 = ratio(x.NamesEntry.P99, x.Unprotected.P99)
 	x.ProtectedP99, x.ProtectedP50 = ratio(x.Protected.P99, x.Unprotected.P99), ratio(x.Protected.P50, x.Unprotected.P50)
-	x.NonTargetLimit = round2(x.Unprotected.P99*1.5 + 1)
-	r.judge(fmt.Sprintf("non-target write, %d entries (%d with a target)", x.Entries+x.Untargeted, x.Entries), "non-target p99 ≤ unprotected p99 × 1.5 + 1 ms",
-		x.NonTarget.P99, atMost(x.NonTargetLimit), "ms",
-		fmt.Sprintf("ConfigMap updates at %g/s (all kinds): non-target in the enrolled namespace p50/p99 %s/%s ms, unprotected (no FencedResources) %s/%s ms; p99 ratio %s×",
-			x.Rate, fmtF(x.NonTarget.P50), fmtF(x.NonTarget.P99), fmtF(x.Unprotected.P50), fmtF(x.Unprotected.P99), fmtF(x.NonTargetP99)))
-	// A create the index cannot answer: the webhook reads one object
-	// around its cache (the target claim), which may cost what a registry
-	// GET costs, and nothing that grows with the namespace's entries.
+	x.NonTargetLimit = round2(nonTargetLimit(x.Unprotected))
+	r.judgeTail(fmt.Sprintf("non-target write, %d entries (%d with a target)", x.Entries+x.Untargeted, x.Entries),
+		"non-target p99 ≤ unprotected p99 × 1.5 + 1 ms, per repetition (as the ratio)", x.NonTargetReps, atMost(1), "×",
+		fmt.Sprintf("ConfigMap updates at %g/s (all kinds), all repetitions pooled: non-target in the enrolled namespace p50/p99 %s/%s ms, unprotected (no FencedResources) %s/%s ms (limit %s ms); p99 ratio %s×",
+			x.Rate, fmtF(x.NonTarget.P50), fmtF(x.NonTarget.P99), fmtF(x.Unprotected.P50), fmtF(x.Unprotected.P99), fmtF(x.NonTargetLimit), fmtF(x.NonTargetP99)))
 	x.NonTargetCreateP99 = ratio(x.NonTargetCreate.P99, x.UnprotectedCreate.P99)
-	x.NonTargetCreateLim = round2(x.UnprotectedCreate.P99 + x.RegistryGet.P99)
-	r.judge(fmt.Sprintf("non-target create, %d entries (%d with a target)", x.Entries+x.Untargeted, x.Entries), "non-target p99 ≤ unprotected create p99 + registry GET p99",
-		x.NonTargetCreate.P99, atMost(x.NonTargetCreateLim), "ms",
-		fmt.Sprintf("ConfigMap creates (the webhook's index knows no new object; it reads the target claim): non-target in the enrolled namespace p50/p99 %s/%s ms, unprotected %s/%s ms; p99 ratio %s×",
-			fmtF(x.NonTargetCreate.P50), fmtF(x.NonTargetCreate.P99), fmtF(x.UnprotectedCreate.P50), fmtF(x.UnprotectedCreate.P99), fmtF(x.NonTargetCreateP99)))
+	x.NonTargetCreateLim = round2(nonTargetCreateLimit(x.UnprotectedCreate, x.RegistryGet))
+	r.judgeTail(fmt.Sprintf("non-target create, %d entries (%d with a target)", x.Entries+x.Untargeted, x.Entries),
+		"non-target p99 ≤ unprotected create p99 + registry GET p99, per repetition (as the ratio)", x.NonTargetCreateReps, atMost(1), "×",
+		fmt.Sprintf("ConfigMap creates (the webhook's index knows no new object; it reads the target claim), all repetitions pooled: non-target in the enrolled namespace p50/p99 %s/%s ms, unprotected %s/%s ms (limit %s ms); p99 ratio %s×",
+			fmtF(x.NonTargetCreate.P50), fmtF(x.NonTargetCreate.P99), fmtF(x.UnprotectedCreate.P50), fmtF(x.UnprotectedCreate.P99), fmtF(x.NonTargetCreateLim), fmtF(x.NonTargetCreateP99)))
 }
 
 // loadEntries creates n FencedResources prefix00000…, with a ConfigMap
