@@ -446,7 +446,10 @@ var _ = Describe("the lock registry", func() {
 		Eventually(holder).Should(Equal("worker-b"))
 		Eventually(blocked.Load).Should(BeNumerically(">=", 1), "a's Released status is on its way")
 		release(b)
-		Eventually(holder, 10*time.Second).Should(Equal("worker-c"), "b's release waited for a's status write")
+		// The whole entry on failure: its queue, recentlyEnded and
+		// conditions tell a decision not taken from one taken and lost.
+		Eventually(func() *locksv1.FencedResource { return getFR(ns, "batch") }, 10*time.Second).Should(
+			HaveField("Status.Holder", HaveField("Owner", "worker-c")), "b's release waited for a's status write")
 		Expect(getGrant(ns, a.Name).Status.Phase).NotTo(Equal(locksv1.PhaseReleased), "a's status has not landed")
 
 		openGate()
