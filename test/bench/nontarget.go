@@ -39,8 +39,9 @@ type nontargetResult struct {
 	// with the entries that existed.
 	SetupError string `json:"setup_error,omitempty"`
 	// CreateFirst/CreateLast: creating one FencedResource with a target (its
-	// webhook lists the namespace's entries), over the first and the last
-	// tenth of the entries.
+	// webhook takes the target's claim and asks its cache's index for other
+	// entries of that target), over the first and the last tenth of the
+	// entries: the two must not drift apart as the namespace fills.
 	CreateFirst dist    `json:"create_first_tenth"`
 	CreateLast  dist    `json:"create_last_tenth"`
 	Rate        float64 `json:"rate_per_second"`
@@ -326,9 +327,9 @@ func (x *nontargetResult) judge(r *report) {
 // target each if targeted (the ConfigMaps need not exist), `loaders` at a
 // time, until all exist or the budget (0: none) is spent. It returns the entries created and each
 // create's latency, in order of creation; a create that fails after retries
-// stops the load and is returned with what was created. A targeted create's
-// webhook lists the namespace's entries, so that load is quadratic in n; an
-// entry without a target is admitted without a list.
+// stops the load and is returned with what was created. A targeted create
+// also takes its target's claim (a Lease in the operator's namespace), so it
+// costs a write more than an entry without a target.
 func (e *env) loadEntries(ctx context.Context, ns, prefix string, n int, budget time.Duration, targeted bool, loaders int, log io.Writer) ([]string, []time.Duration, error) {
 	start := time.Now()
 	var (
