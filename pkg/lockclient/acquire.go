@@ -61,8 +61,8 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 	if err := l.createOrRecover(ctx); err != nil {
 		return nil, err
 	}
-	// One watch of the LockGrant serves the wait and then keepAlive.
-	l.startWatch(ctx, l.requested.ResourceVersion)
+	// One watch of the LockGrant, once opened, serves the wait and then keepAlive.
+	l.prepareWatch(ctx, l.requested.ResourceVersion)
 	lg, err := l.waitHeld(ctx)
 	if err != nil {
 		l.cancel()
@@ -108,7 +108,7 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 		}
 		lg = *held
 	}
-	l.startWatch(ctx, "")
+	l.prepareWatch(ctx, "")
 	l.startSession(&lg)
 	return l, nil
 }
@@ -199,11 +199,12 @@ func specDiff(stored, want locksv1.LockGrantSpec) string {
 // waitHeld waits until the issuer decides the request. It follows the
 // registry, where the allocating compare-and-swap records the holder with its
 // signed grant, so HELD is known one watch hop after that write instead of
-// after the LockGrant status mirror the issuer writes next; and it follows
-// the LockGrant, which alone records an end before holding (Denied). The
-// registry is only a short cut: if it cannot be watched, the LockGrant
-// decides alone. LockGrant changes are taken from l.updates only here, in
-// this goroutine, so none keepAlive needs is lost when the registry decides.
+// after the LockGrant status mirror the issuer writes next; and, after
+// grantWatchAfter, the LockGrant, which alone records an end before holding
+// (Denied). The registry is only a short cut: if it cannot be watched, the
+// LockGrant decides alone. LockGrant changes are taken from l.updates only
+// here, in this goroutine, so none keepAlive needs is lost when the
+// registry decides.
 func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
 	if done, err := decided(l.requested); done {
 		return l.requested.DeepCopy(), err
@@ -211,17 +212,21 @@ func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	fromRegistry := make(chan *locksv1.LockGrant, 1)
-	go func() {
-		if lg := l.waitRegistryHolder(rctx); lg != nil {
-			fromRegistry <- lg
-		}
-	}()
+	go func() { fromRegistry <- l.waitRegistryHolder(rctx) }()
+	followAfter := time.NewTimer(grantWatchAfter)
+	defer followAfter.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case lg := <-fromRegistry:
-			return lg, nil
+			if lg != nil {
+				return lg, nil
+			}
+			fromRegistry = nil // the registry cannot be followed
+			l.followGrant()
+		case <-followAfter.C:
+			l.followGrant()
 		case lg := <-l.updates:
 			if done, err := decided(lg); done {
 				return lg, err
@@ -232,7 +237,7 @@ func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
 
 // waitRegistryHolder waits until the FencedResource's holder record names
 // this request's LockGrant (by UID), and returns the LockGrant as held from
-// that record; nil when the registry cannot be followed or ctx ends. The
+// that record; nil when the registry cannot be followed (or ctx ends). The
 // registry watch is the client's, shared with its other requests for the
 // resource and kept open a while after them (registry.go).
 func (l *Lock) waitRegistryHolder(ctx context.Context) *locksv1.LockGrant {

@@ -21,18 +21,20 @@
 // status.holder, written with the signed grant by the very compare-and-swap
 // that allocates the fence, names the LockGrant by UID one watch hop after
 // that write, before the issuer mirrors it into the LockGrant's status. The
-// LockGrant is followed too (it alone records a request denied before it was
-// held, and renewals and the end of the lock); without read access to the
-// FencedResource, Acquire waits for the mirror. An acquire costs the API
-// server no read and one watch of its LockGrant, from the create to the
-// lock's end. The registry watch belongs to the Client: one per resource,
-// opened without a resourceVersion (so it starts with the registry as it
-// is), shared by every request of the Client for that resource and kept
-// open for a few seconds after the last one ends, so a worker that acquires
-// in a loop opens it once. Release is one merge patch of spec.release: no
-// read, no conflict; it returns on the registry's record of the grant's end
-// (status.recentlyEnded, written by the compare-and-swap that ends it) on
-// that same watch, or on the LockGrant's final status, whichever comes first.
+// LockGrant is watched too once the lock needs it (it alone records a request
+// denied before it was held, and confirms renewals): after a second of
+// waiting, at the first renewal, or at once without read access to the
+// FencedResource; until then the registry's record of the grant's end ends
+// the lock. An acquire and release within one renewal interval so costs the
+// API server no read and no watch of its own. The registry watch belongs to
+// the Client: one per resource, opened without a resourceVersion (so it
+// starts with the registry as it is), shared by every request of the Client
+// for that resource and kept open for a few seconds after the last one
+// ends, so a worker that acquires in a loop opens it once. Release is one
+// merge patch of spec.release: no read, no conflict; it returns on the
+// registry's record of the grant's end (status.recentlyEnded, written by the
+// compare-and-swap that ends it) on that same watch, or on the LockGrant's
+// final status, whichever comes first.
 //
 // A lost create response is recovered by reading the LockGrant named
 // deterministically from the requestID — never by creating a second identity.

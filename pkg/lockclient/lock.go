@@ -47,11 +47,17 @@ type Lock struct {
 	err       error // why the lock ended
 	orphaned  bool  // Orphan was called: nobody follows the grant any more
 	done      chan struct{}
-	// updates carries the LockGrant's changes from its one watch (watchLockGrant),
-	// from the create to the lock's end; cancel stops that watch and keepAlive.
-	updates   chan *locksv1.LockGrant
-	following context.Context
-	cancel    context.CancelFunc
+	releasing bool // Release was called: a Released end is the one asked for
+	// updates carries the LockGrant's changes from its watch (watchLockGrant,
+	// opened by followGrant from watchFrom), to the lock's end; cancel stops
+	// that watch, keepAlive and the registry's end follow (stopEndFollow
+	// stops the latter alone, once the watch took over).
+	updates       chan *locksv1.LockGrant
+	watchFrom     string
+	watching      bool
+	stopEndFollow context.CancelFunc
+	following     context.Context
+	cancel        context.CancelFunc
 
 	// stores: per database, the segment this lock's grant last committed
 	// there, so the next CommitTx needs no read first (store.go).

@@ -16,22 +16,56 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
-// Keeping the grant: one watch of the LockGrant, from its create to the
-// lock's end, and a renewal every interval. What the session learns (a
-// confirmed view, a renewal sent, no answer, an interval passed) moves the
-// state machine of state.go; Release and Orphan end the session.
+// Keeping the grant: a renewal every interval, and the lock's end as soon
+// as the server records it. What the session learns (a confirmed view, a
+// renewal sent, no answer, an interval passed) moves the state machine of
+// state.go; Release and Orphan end the session.
+//
+// The LockGrant's watch opens only when the lock needs it: after waiting
+// grantWatchAfter for a decision, at the first renewal, or when the registry
+// cannot be followed. Until then the registry's records tell the lock what
+// the issuer decided (its holder record, then its record of the grant's
+// end), as they tell it first anyway. A lock that is granted and released
+// within one renewal interval (a short critical section in a loop) so
+// costs the API server no watch of its own: opening one costs about as
+// much as a small write. The watch starts from the create's
+// resourceVersion, so however late it opens it replays whatever the lock
+// has not seen.
 
-// startWatch starts the LockGrant's watch (from resourceVersion, when
-// known), which lives until l.cancel: past the ctx of Acquire or Attach.
-func (l *Lock) startWatch(ctx context.Context, resourceVersion string) {
+// grantWatchAfter is how long Acquire waits on the registry alone before
+// it also watches its LockGrant, which alone records a request denied
+// before it was held.
+var grantWatchAfter = time.Second
+
+// prepareWatch readies the LockGrant's watch (from resourceVersion, when
+// known; followGrant opens it), which lives until l.cancel: past the ctx of
+// Acquire or Attach.
+func (l *Lock) prepareWatch(ctx context.Context, resourceVersion string) {
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.following, l.cancel = fctx, cancel
 	l.updates = make(chan *locksv1.LockGrant, 8)
-	go l.watchLockGrant(fctx, resourceVersion, l.updates)
+	l.watchFrom = resourceVersion
+}
+
+// followGrant opens the LockGrant's watch unless it is open, and stops
+// following the registry for the grant's end: the watch tells it from then on.
+func (l *Lock) followGrant() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.watching {
+		return
+	}
+	l.watching = true
+	go l.watchLockGrant(l.following, l.watchFrom, l.updates)
+	if l.stopEndFollow != nil {
+		l.stopEndFollow()
+	}
 }
 
 // startSession enters HELD with the issuer's view lg and starts keepAlive,
-// which lives as long as the LockGrant's watch (startWatch).
+// which lives as long as the lock is followed (prepareWatch). Until the
+// LockGrant's watch opens, the registry's record of the grant's end ends
+// the lock.
 func (l *Lock) startSession(lg *locksv1.LockGrant) {
 	lease := time.Duration(lg.Status.Grant.TTLSeconds) * time.Second
 	if l.opts.RenewInterval <= 0 {
@@ -42,8 +76,15 @@ func (l *Lock) startSession(lg *locksv1.LockGrant) {
 	}
 	l.mu.Lock()
 	l.view = lg
+	var endCtx context.Context
+	if !l.watching {
+		endCtx, l.stopEndFollow = context.WithCancel(l.following)
+	}
 	l.mu.Unlock()
 	l.advance(Event{Kind: EventObserved, Phase: locksv1.PhaseHeld, Confirmed: true})
+	if endCtx != nil {
+		l.followEnd(endCtx)
+	}
 	go l.keepAlive(l.following)
 }
 
@@ -62,6 +103,7 @@ func (l *Lock) keepAlive(ctx context.Context) {
 				l.applyView(lg)
 			}
 		case <-ticker.C:
+			l.followGrant() // renewals are confirmed in the LockGrant's status
 			l.renewOrQuery(ctx)
 		}
 		if l.ended() {
@@ -244,6 +286,9 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
+	l.mu.Lock()
+	l.releasing = true
+	l.mu.Unlock()
 	l.followEnd(rctx) // before the release is sent: its end cannot be missed
 	if err := l.requestRelease(ctx); err != nil {
 		return err
@@ -260,7 +305,8 @@ func (l *Lock) Release(ctx context.Context) error {
 }
 
 // followEnd ends the lock on the registry's record of its grant's end, once
-// the registry's watch delivers it, until ctx ends.
+// the registry's watch delivers it, until ctx ends. When the registry
+// cannot be followed, the LockGrant's watch tells the end instead.
 func (l *Lock) followEnd(ctx context.Context) {
 	l.mu.Lock()
 	uid := l.view.UID
@@ -270,14 +316,25 @@ func (l *Lock) followEnd(ctx context.Context) {
 		defer leave()
 		fr := w.wait(ctx)
 		if fr == nil {
+			if ctx.Err() == nil {
+				l.followGrant() // the registry is lost
+			}
 			return
 		}
 		e, _ := endRecord(fr, uid)
-		why := ""
-		if e.Phase != locksv1.PhaseReleased {
-			why = "the registry ended the grant: " + e.Reason
+		l.mu.Lock()
+		releasing := l.releasing
+		l.mu.Unlock()
+		phase, why := e.Phase, "the registry ended the grant: "+e.Reason
+		switch {
+		case phase == locksv1.PhaseReleased && !releasing:
+			// The issuer ends a deleted holder as Released; nobody asked this
+			// lock to release, so for it the grant ended on the server's word.
+			phase = locksv1.PhaseExpired
+		case phase == locksv1.PhaseReleased:
+			why = ""
 		}
-		l.advance(Event{Kind: EventObserved, Phase: e.Phase, Confirmed: true, Why: why})
+		l.advance(Event{Kind: EventObserved, Phase: phase, Confirmed: true, Why: why})
 		if l.ended() && l.cancel != nil {
 			l.cancel() // nothing more to follow
 		}

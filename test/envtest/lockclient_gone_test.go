@@ -65,4 +65,24 @@ var _ = Describe("the worker client when its LockGrant is deleted", func() {
 		Expect(w.State()).To(Equal(lockclient.StateHeld))
 		Expect(w.Fence()).To(Equal(int64(2)))
 	})
+
+	It("ends EXPIRED on the registry's record before its first renewal, with no watch of its LockGrant", func() {
+		// A lock renews every minute: until then only the registry's record
+		// of the grant's end (written by the compare-and-swap that ends it)
+		// can tell it.
+		ns := newNamespace()
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		holder, requests := countingWorker(ns, "worker-a")
+		log := &stateLog{}
+		l, err := holder.Acquire(suiteCtx, "batch", lockclient.AcquireOptions{RequestID: "job-1",
+			RenewInterval: time.Minute, OnStateChange: log.record})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(l.Orphan)
+		Expect(admin.Delete(suiteCtx, getGrant(ns, l.Name()))).To(Succeed())
+		Eventually(l.Done(), 10*time.Second).Should(BeClosed())
+		Expect(l.State()).To(Equal(lockclient.StateExpired))
+		Expect(l.Err()).To(MatchError(lockclient.ErrExpired))
+		Expect(log.all()).NotTo(ContainElement(lockclient.StateReleased), "nobody released it")
+		Expect(requests()).NotTo(HaveKey("WATCH lockgrants"))
+	})
 })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -135,6 +136,44 @@ func faultyWorker(ns, user string) (*lockclient.Client, *faults) {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(c.Identity()).To(Equal(user))
 	return c, f
+}
+
+// countingWorker is a lockclient.Client for user, and a function that
+// returns the requests it sent since it was made (identity review and
+// discovery left out), by verb ("WATCH" for a watch) and resource.
+func countingWorker(ns, user string) (*lockclient.Client, func() map[string]int) {
+	GinkgoHelper()
+	var mu sync.Mutex
+	requests := map[string]int{}
+	cfg := rest.CopyConfig(testEnvUserConfig(user))
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			kind := req.Method
+			if req.URL.Query().Get("watch") == "true" {
+				kind = "WATCH"
+			}
+			resource := "other"
+			for _, r := range []string{"fencedresources", "lockgrants"} {
+				if strings.Contains(req.URL.Path, "/"+r) {
+					resource = r
+				}
+			}
+			mu.Lock()
+			requests[kind+" "+resource]++
+			mu.Unlock()
+			return rt.RoundTrip(req)
+		})
+	}
+	c, err := lockclient.NewForConfig(suiteCtx, cfg, ns)
+	Expect(err).NotTo(HaveOccurred())
+	mu.Lock()
+	clear(requests) // discovery and the identity review belong to the client, not its locks
+	mu.Unlock()
+	return c, func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(requests)
+	}
 }
 
 // mustAcquire takes resource as c's user with requestID, within 20 s, and
@@ -285,45 +324,55 @@ var _ = Describe("the worker client", func() {
 		waitPhase(getGrant(ns, l.Name()), locksv1.PhaseReleased)
 	})
 
-	It("acquires and releases without a read: one LockGrant watch and two writes a cycle, one registry watch for both", func() {
+	It("acquires and releases without a read or a LockGrant watch: two writes a cycle, one registry watch for both", func() {
 		// The API server's CPU bounds acquire/release cycles per second;
 		// a cycle's requests are what the client costs it. The registry
-		// watch outlives a cycle, so the next acquire of the resource opens none.
+		// watch outlives a cycle, so the next acquire of the resource opens
+		// none; a lock released before its first renewal needs no watch of
+		// its LockGrant (the registry records its grant and its end).
 		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
-		var mu sync.Mutex
-		requests := map[string]int{}
-		cfg := rest.CopyConfig(testEnvUserConfig("worker-a"))
-		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-				kind := req.Method
-				if req.URL.Query().Get("watch") == "true" {
-					kind = "WATCH"
-				}
-				resource := "other"
-				for _, r := range []string{"fencedresources", "lockgrants"} {
-					if strings.Contains(req.URL.Path, "/"+r) {
-						resource = r
-					}
-				}
-				mu.Lock()
-				requests[kind+" "+resource]++
-				mu.Unlock()
-				return rt.RoundTrip(req)
-			})
-		}
-		c, err := lockclient.NewForConfig(suiteCtx, cfg, ns)
-		Expect(err).NotTo(HaveOccurred())
-		mu.Lock()
-		clear(requests) // discovery and the identity review belong to the client, not the cycle
-		mu.Unlock()
+		c, requests := countingWorker(ns, "worker-a")
 		for _, id := range []string{"counted-1", "counted-2"} {
 			l, err := c.Acquire(suiteCtx, "batch", lockclient.AcquireOptions{RequestID: id})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(l.Release(suiteCtx)).To(Succeed())
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		Expect(requests).To(Equal(map[string]int{"POST lockgrants": 2, "WATCH lockgrants": 2, "WATCH fencedresources": 1, "PATCH lockgrants": 2}))
+		Expect(requests()).To(Equal(map[string]int{"POST lockgrants": 2, "WATCH fencedresources": 1, "PATCH lockgrants": 2}))
+	})
+
+	It("watches its LockGrant from the first renewal, and renewals are confirmed", func() {
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		c, requests := countingWorker(ns, "worker-a")
+		log := &stateLog{}
+		l := acquire(c, "batch", "job-1", log)
+		Eventually(func() int { return requests()["WATCH lockgrants"] }, 5*time.Second).Should(Equal(1))
+		// Every confirmation comes on that watch: RENEWING → HELD, again and again.
+		Eventually(func() int {
+			n, states := 0, log.all()
+			for i := 1; i < len(states); i++ {
+				if states[i-1] == lockclient.StateRenewing && states[i] == lockclient.StateHeld {
+					n++
+				}
+			}
+			return n
+		}, 5*time.Second).Should(BeNumerically(">=", 3))
+		Expect(l.State()).To(BeElementOf(lockclient.StateHeld, lockclient.StateRenewing))
+		Expect(requests()["WATCH lockgrants"]).To(Equal(1), "one watch for the lock's life")
+	})
+
+	It("reports a request the issuer denies, which the registry never names", func() {
+		// A LockGrant written by hand holds the requestID: the issuer denies
+		// the client's request in its LockGrant's status alone, which
+		// Acquire watches once it has waited a while.
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		waitPhase(handWritten(ns, "nightly-import", "worker-a", "nightly"), locksv1.PhaseHeld)
+		c, requests := countingWorker(ns, "worker-a")
+		ctx, cancel := context.WithTimeout(suiteCtx, 20*time.Second)
+		defer cancel()
+		_, err := c.Acquire(ctx, "batch", lockclient.AcquireOptions{RequestID: "nightly"})
+		Expect(err).To(MatchError(lockclient.ErrDenied))
+		Expect(err.Error()).To(ContainSubstring("LockGrant nightly-import "))
+		Expect(requests()["WATCH lockgrants"]).To(Equal(1))
 	})
 
 	It("resolves a lost write ACK from the receipts: applied, and proven absent", func() {
