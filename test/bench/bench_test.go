@@ -76,7 +76,8 @@ func TestQuickBench(t *testing.T) {
 	if len(rep.Throughput.Runs) != 6 {
 		t.Errorf("%d throughput runs, want 6 (raw, fencekeeper and floor, uncontended and contended)", len(rep.Throughput.Runs))
 	}
-	for _, reps := range [][]float64{rep.Throughput.OverFloorUncontended, rep.Throughput.OverFloorContended, rep.Handoff.P50OverFloor, rep.Expiry.P99Reps} {
+	for _, reps := range [][]float64{rep.Throughput.OverFloorUncontended, rep.Throughput.OverFloorContended, rep.Handoff.P50OverFloor, rep.Expiry.P99Reps,
+		nt.NonTargetReps, nt.NonTargetCreateReps} {
 		if len(reps) != repetitionCount {
 			t.Errorf("repetitions %v, want %d", reps, repetitionCount)
 		}
