@@ -62,7 +62,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, o AcquireOptions)
 		return nil, err
 	}
 	// One watch of the LockGrant, once opened, serves the wait and then keepAlive.
-	l.prepareWatch(ctx, l.requested.ResourceVersion)
+	l.prepareWatch(ctx)
 	lg, err := l.waitHeld(ctx)
 	if err != nil {
 		l.cancel()
@@ -108,7 +108,7 @@ func (c *Client) Attach(ctx context.Context, name string, o AcquireOptions) (*Lo
 		}
 		lg = *held
 	}
-	l.prepareWatch(ctx, "")
+	l.prepareWatch(ctx)
 	l.startSession(&lg)
 	return l, nil
 }
@@ -228,6 +228,10 @@ func (l *Lock) waitHeld(ctx context.Context) (*locksv1.LockGrant, error) {
 		case <-followAfter.C:
 			l.followGrant()
 		case lg := <-l.updates:
+			if lg == nil { // deleted before the issuer decided it
+				l.advance(Event{Kind: EventGone})
+				return nil, l.Err()
+			}
 			if done, err := decided(lg); done {
 				return lg, err
 			}

@@ -49,11 +49,10 @@ type Lock struct {
 	done      chan struct{}
 	releasing bool // Release was called: a Released end is the one asked for
 	// updates carries the LockGrant's changes from its watch (watchLockGrant,
-	// opened by followGrant from watchFrom), to the lock's end; cancel stops
-	// that watch, keepAlive and the registry's end follow (stopEndFollow
-	// stops the latter alone, once the watch took over).
+	// opened by followGrant), to the lock's end; cancel stops that watch,
+	// keepAlive and the registry's end follow (stopEndFollow stops the
+	// latter alone, once the watch took over).
 	updates       chan *locksv1.LockGrant
-	watchFrom     string
 	watching      bool
 	stopEndFollow context.CancelFunc
 	following     context.Context

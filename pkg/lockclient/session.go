@@ -28,23 +28,22 @@ import (
 // end), as they tell it first anyway. A lock that is granted and released
 // within one renewal interval (a short critical section in a loop) so
 // costs the API server no watch of its own: opening one costs about as
-// much as a small write. The watch starts from the create's
-// resourceVersion, so however late it opens it replays whatever the lock
-// has not seen.
+// much as a small write. The watch starts with a read of the LockGrant and
+// follows from the revision read: a watch opened late must not replay the
+// LockGrant's history, whose old Held views would pass for a confirmation
+// of now.
 
 // grantWatchAfter is how long Acquire waits on the registry alone before
 // it also watches its LockGrant, which alone records a request denied
 // before it was held.
 var grantWatchAfter = time.Second
 
-// prepareWatch readies the LockGrant's watch (from resourceVersion, when
-// known; followGrant opens it), which lives until l.cancel: past the ctx of
-// Acquire or Attach.
-func (l *Lock) prepareWatch(ctx context.Context, resourceVersion string) {
+// prepareWatch readies the LockGrant's watch (followGrant opens it), which
+// lives until l.cancel: past the ctx of Acquire or Attach.
+func (l *Lock) prepareWatch(ctx context.Context) {
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.following, l.cancel = fctx, cancel
 	l.updates = make(chan *locksv1.LockGrant, 8)
-	l.watchFrom = resourceVersion
 }
 
 // followGrant opens the LockGrant's watch unless it is open, and stops
@@ -56,7 +55,7 @@ func (l *Lock) followGrant() {
 		return
 	}
 	l.watching = true
-	go l.watchLockGrant(l.following, l.watchFrom, l.updates)
+	go l.watchLockGrant(l.following, l.updates)
 	if l.stopEndFollow != nil {
 		l.stopEndFollow()
 	}
@@ -113,15 +112,30 @@ func (l *Lock) keepAlive(ctx context.Context) {
 	}
 }
 
-// watchLockGrant streams the LockGrant's updates into out until ctx ends (a
-// deletion as nil):
-// the first watch from resourceVersion (when set), each later one from the
-// object as it is then (a watch without a resourceVersion starts with it).
-func (l *Lock) watchLockGrant(ctx context.Context, resourceVersion string, out chan<- *locksv1.LockGrant) {
+// watchLockGrant streams the LockGrant into out until ctx ends (its
+// deletion as nil): each watch (the API server ends them after a while)
+// starts with a read, sent first, and follows from the revision read, so
+// every view it sends is at least as new as the moment it opened.
+func (l *Lock) watchLockGrant(ctx context.Context, out chan<- *locksv1.LockGrant) {
+	send := func(lg *locksv1.LockGrant) {
+		select {
+		case out <- lg:
+		case <-ctx.Done():
+		}
+	}
 	for ctx.Err() == nil {
+		var cur locksv1.LockGrant
+		if err := l.c.kube.Get(ctx, l.key, &cur); err != nil {
+			if apierrors.IsNotFound(err) {
+				send(nil) // the LockGrant is gone: the lock ends
+				return
+			}
+			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
+			continue
+		}
+		send(&cur)
 		w, err := l.c.kube.Watch(ctx, &locksv1.LockGrantList{}, client.InNamespace(l.key.Namespace),
-			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: resourceVersion}})
-		resourceVersion = ""
+			client.MatchingFields{"metadata.name": l.key.Name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: cur.ResourceVersion}})
 		if err != nil {
 			_ = ctxtime.Sleep(ctx, 200*time.Millisecond)
 			continue
@@ -132,12 +146,9 @@ func (l *Lock) watchLockGrant(ctx context.Context, resourceVersion string, out c
 				continue
 			}
 			if ev.Type == watch.Deleted {
-				lg = nil // the LockGrant is gone: keepAlive ends the lock
+				lg = nil // the LockGrant is gone: the lock ends
 			}
-			select {
-			case out <- lg:
-			case <-ctx.Done():
-			}
+			send(lg)
 		}
 		w.Stop()
 	}

@@ -6,6 +6,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -64,6 +65,32 @@ var _ = Describe("the worker client when its LockGrant is deleted", func() {
 		DeferCleanup(w.Orphan)
 		Expect(w.State()).To(Equal(lockclient.StateHeld))
 		Expect(w.Fence()).To(Equal(int64(2)))
+	})
+
+	It("ends an Acquire whose LockGrant is deleted while it waits, EXPIRED", func() {
+		// The waiter's watch delivered the deletion as nil, which the wait
+		// read as a LockGrant: the worker's process panicked.
+		ns := newNamespace()
+		newTarget(protectedKinds[0], ns, "batch", locksv1.EnforcementEnforce)
+		holder, _ := faultyWorker(ns, "worker-a")
+		mustAcquire(holder, "batch", "job-1")
+		waiter, _ := faultyWorker(ns, "worker-b")
+		result := make(chan error, 1)
+		go func() {
+			defer GinkgoRecover()
+			_, err := waiter.Acquire(suiteCtx, "batch", lockclient.AcquireOptions{RequestID: "job-2"})
+			result <- err
+		}()
+		name := locksv1.LockGrantName("batch", "worker-b", "job-2")
+		Eventually(func() error {
+			return admin.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: name}, &locksv1.LockGrant{})
+		},
+			5*time.Second).Should(Succeed(), "worker-b queued")
+		Expect(admin.Delete(suiteCtx, &locksv1.LockGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})).To(Succeed())
+		var err error
+		Eventually(result, 10*time.Second).Should(Receive(&err))
+		Expect(err).To(MatchError(lockclient.ErrExpired))
+		Expect(err.Error()).To(ContainSubstring("deleted"))
 	})
 
 	It("ends EXPIRED on the registry's record before its first renewal, with no watch of its LockGrant", func() {
