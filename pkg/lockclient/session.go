@@ -175,16 +175,24 @@ func (l *Lock) applyView(lg *locksv1.LockGrant) {
 	l.view = lg
 	pending := l.pending
 	l.mu.Unlock()
-	phase, why := lg.Status.Phase, ""
-	switch {
-	case phase == locksv1.PhaseReleased && !lg.Spec.Release:
-		// The issuer ends a deleted holder as Released; nobody asked this
-		// lock to release, so for it the grant ended on the server's word.
-		phase, why = locksv1.PhaseExpired, "the LockGrant was deleted: "+conditionMessage(lg)
-	case phase != locksv1.PhaseReleased:
-		why = conditionMessage(lg)
-	}
+	why := conditionMessage(lg)
+	phase, why := phaseForLock(lg.Status.Phase, lg.Spec.Release, why, "the LockGrant was deleted: "+why)
 	l.advance(Event{Kind: EventObserved, Phase: phase, Confirmed: lg.Status.ObservedRenewals >= pending, Why: why})
+}
+
+// phaseForLock is the phase this lock records for one the server reports,
+// and the explanation it keeps. The issuer ends a deleted holder as Released;
+// nobody asked this lock to release, so for it the grant ended on the
+// server's word: EXPIRED, explained by deleted. A release asked for needs no
+// explanation.
+func phaseForLock(phase locksv1.LockGrantPhase, asked bool, why, deleted string) (locksv1.LockGrantPhase, string) {
+	switch {
+	case phase == locksv1.PhaseReleased && !asked:
+		return locksv1.PhaseExpired, deleted
+	case phase == locksv1.PhaseReleased:
+		return phase, ""
+	}
+	return phase, why
 }
 
 // renewOrQuery runs once per interval: after an unconfirmed renewal it asks the
@@ -336,15 +344,8 @@ func (l *Lock) followEnd(ctx context.Context) {
 		l.mu.Lock()
 		releasing := l.releasing
 		l.mu.Unlock()
-		phase, why := e.Phase, "the registry ended the grant: "+e.Reason
-		switch {
-		case phase == locksv1.PhaseReleased && !releasing:
-			// The issuer ends a deleted holder as Released; nobody asked this
-			// lock to release, so for it the grant ended on the server's word.
-			phase = locksv1.PhaseExpired
-		case phase == locksv1.PhaseReleased:
-			why = ""
-		}
+		why := "the registry ended the grant: " + e.Reason
+		phase, why := phaseForLock(e.Phase, releasing, why, why)
 		l.advance(Event{Kind: EventObserved, Phase: phase, Confirmed: true, Why: why})
 		if l.ended() && l.cancel != nil {
 			l.cancel() // nothing more to follow
