@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -232,22 +231,22 @@ func (e *env) waitQueued(ctx context.Context, ph *phases, ns, resource, name str
 // measured from the holder's Release call (the bench's own watches see the
 // registry and LockGrant changes, as the waiter's watch does).
 type handoffStages struct {
-	IssuerNoticed                                                            []time.Duration
+	IssuerDecided                                                            []time.Duration
 	ReleaseAnswered, RegistryCAS, HolderReleased, WaiterHeld, WaiterReturned []time.Duration
 }
 
-// expiredAtRE reads the issuer's clock reading out of an Expired LockGrant's
-// condition ("expired at <RFC3339Nano> (issuer clock)").
-var expiredAtRE = regexp.MustCompile(`expired at (\S+) \(issuer clock\)`)
-
-func issuerExpiredAt(lg *locksv1.LockGrant) time.Time {
-	for _, c := range lg.Status.Conditions {
-		if m := expiredAtRE.FindStringSubmatch(c.Message); c.Type == locksv1.ConditionIssued && m != nil {
-			t, _ := time.Parse(time.RFC3339Nano, m[1])
-			return t
-		}
+// issuedAt is when the issuer decided the grant l holds, on its clock: the
+// signed grant's issuedAt. For an expiry handoff it is the decision that
+// ended the old holder and issued the next grant in one compare-and-swap.
+// (The old holder's Expired condition is no such record: a later decision's
+// plan can replace the first one's unwritten status write, with its own time.)
+func issuedAt(l *lockclient.Lock) time.Time {
+	g, _ := l.Grant()
+	t, err := time.Parse(time.RFC3339Nano, g.IssuedAt)
+	if err != nil {
+		return time.Time{}
 	}
-	return time.Time{}
+	return t
 }
 
 func (s *handoffStages) add(t0, put, cas, released, held, returned time.Time) {
@@ -570,8 +569,8 @@ func (e *env) expiryHandoffs(ctx context.Context, ns string, parallel, n int, st
 				}
 				out = append(out, d)
 				expired := old.Status.ExpiresAt.Time
-				if noticed := issuerExpiredAt(old); !noticed.IsZero() {
-					stages.IssuerNoticed = append(stages.IssuerNoticed, noticed.Sub(expired))
+				if decided := issuedAt(next); !decided.IsZero() {
+					stages.IssuerDecided = append(stages.IssuerDecided, decided.Sub(expired))
 				}
 				stages.add(expired, time.Time{}, ph.fenceSeen(resource, next.Fence()), ph.seen(old.Name, locksv1.PhaseExpired),
 					ph.seen(next.Name(), locksv1.PhaseHeld), returned)

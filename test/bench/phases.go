@@ -65,7 +65,7 @@ func stagesOf(s *handoffStages, ended string) []stage {
 			out = append(out, stage{name, x.P50, x.P99})
 		}
 	}
-	mk("issuer's reconcile judged the lease expired (its clock, from the Expired condition)", s.IssuerNoticed)
+	mk("issuer decided the expiry and the next grant (the new grant's issuedAt, its clock)", s.IssuerDecided)
 	mk("release request answered (merge PATCH of spec.release; the owner skips the webhook)", s.ReleaseAnswered)
 	mk("registry CAS visible (FencedResource fence+1)", s.RegistryCAS)
 	mk("old holder's LockGrant "+ended+" visible", s.HolderReleased)
