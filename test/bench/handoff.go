@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -24,19 +25,35 @@ import (
 	"github.com/fencekeeper/fencekeeper/pkg/lockclient"
 )
 
-// watchSignal wraps a worker's transport and reports when its watches of
-// its LockGrant and of the registry are both established (the API server
-// answered both watch requests), so a measurement starts only once the
-// waiter is really following its request.
+// watchSignal wraps a worker's transport and reports when its watch of the
+// registry is established (the API server answered the watch request), so a
+// measurement starts only once the waiter is really following its request:
+// a waiter learns it holds from the registry's holder record. (It opens a
+// watch of its LockGrant only after waiting a second, lockclient's
+// grantWatchAfter; waiting for that watch too made every sample wait a
+// second and release just as that watch opened.)
 type watchSignal struct {
 	mu sync.Mutex
 	ch chan struct{}
-	// grants: the LockGrant watch answered since arm (each request opens
-	// one). registry: the registry watch answered at least once (a client
-	// keeps it across requests for a resource it acquires again soon).
-	grants, registry bool
+	// registry counts the registry watches open: answered, and their
+	// response bodies not closed yet. The client keeps one per resource
+	// across requests it makes again soon, and reopens it after an error.
+	registry int
 	// put is when the last PUT or PATCH of a LockGrant (renewal or release) was answered.
 	put time.Time
+}
+
+// closeHook calls closed once, when the body is closed.
+type closeHook struct {
+	io.ReadCloser
+	once   sync.Once
+	closed func()
+}
+
+func (c *closeHook) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(c.closed)
+	return err
 }
 
 func (s *watchSignal) lastPut() time.Time {
@@ -48,9 +65,13 @@ func (s *watchSignal) lastPut() time.Time {
 func (s *watchSignal) arm() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ch = make(chan struct{})
-	s.grants = false
-	return s.ch
+	ch := make(chan struct{})
+	if s.registry > 0 {
+		close(ch) // the client follows the registry already
+		return ch
+	}
+	s.ch = ch
+	return ch
 }
 
 func (s *watchSignal) wrap(rt http.RoundTripper) http.RoundTripper {
@@ -61,15 +82,19 @@ func (s *watchSignal) wrap(rt http.RoundTripper) http.RoundTripper {
 			s.put = time.Now()
 			s.mu.Unlock()
 		}
-		if err == nil && req.URL.Query().Get("watch") == "true" {
+		if err == nil && req.URL.Query().Get("watch") == "true" && strings.HasSuffix(req.URL.Path, "/fencedresources") {
 			s.mu.Lock()
-			s.grants = s.grants || strings.HasSuffix(req.URL.Path, "/lockgrants")
-			s.registry = s.registry || strings.HasSuffix(req.URL.Path, "/fencedresources")
-			if s.ch != nil && s.grants && s.registry {
+			s.registry++
+			if s.ch != nil {
 				close(s.ch)
 				s.ch = nil
 			}
 			s.mu.Unlock()
+			resp.Body = &closeHook{ReadCloser: resp.Body, closed: func() {
+				s.mu.Lock()
+				s.registry--
+				s.mu.Unlock()
+			}}
 		}
 		return resp, err
 	})
@@ -107,7 +132,7 @@ type acquired struct {
 
 // releaseHandoffs measures fencekeeper's release handoff on one resource:
 // holder A releases (lockclient Lock.Release) while waiter B is queued
-// (Pending) and following its LockGrant; the sample ends when B's Acquire
+// (Pending) and following the registry; the sample ends when B's Acquire
 // returns HELD with fence+1. Holder and waiter alternate between two workers.
 // ph follows the namespace's LockGrants and FencedResources; nil starts
 // followers of its own (each begins with a LIST of the namespace).
