@@ -73,10 +73,21 @@ func TestQuickBench(t *testing.T) {
 	// or (b) measured nothing but (a) again.
 	positive("vprotected-enrolled calls", nt.EnrolledCalls)
 	positive("NOT_PROTECTED decisions", nt.NotProtected)
-	if len(rep.Throughput.Runs) != 6 {
-		t.Errorf("%d throughput runs, want 6 (raw, fencekeeper and floor, uncontended and contended)", len(rep.Throughput.Runs))
+	if len(rep.Throughput.Runs) != tputKinds {
+		t.Errorf("%d throughput runs, want %d (raw, fencekeeper, floor and floor with the status phase, uncontended and contended)", len(rep.Throughput.Runs), tputKinds)
 	}
-	for _, reps := range [][]float64{rep.Throughput.OverFloorUncontended, rep.Throughput.OverFloorContended, rep.Handoff.P50OverFloor, rep.Expiry.P99Reps,
+	for _, r := range rep.Throughput.Runs {
+		positive(r.Name+" cycles/s", r.PerSecond)
+	}
+	// The floors with the status phase wrote it: one LockGrant status write
+	// per cycle, which the plain floors do not make.
+	for _, k := range []int{phaseFloorUncontended, phaseFloorContended} {
+		positive(rep.Throughput.Runs[k].Name+" lockgrants/status PATCH per cycle", rep.Throughput.Runs[k].WriteBreakdown["lockgrants/status PATCH"])
+	}
+	for _, reps := range [][]float64{rep.Throughput.OverFloorUncontended, rep.Throughput.OverFloorContended,
+		rep.Throughput.PhaseFloorOverFloorUncontended, rep.Throughput.PhaseFloorOverFloorContended,
+		rep.Throughput.FencekeeperOverPhaseFloorUncontended, rep.Throughput.FencekeeperOverPhaseFloorContended,
+		rep.Handoff.P50OverFloor, rep.Expiry.P99Reps,
 		nt.NonTargetReps, nt.NonTargetCreateReps} {
 		if len(reps) != repetitionCount {
 			t.Errorf("repetitions %v, want %d", reps, repetitionCount)
@@ -90,12 +101,13 @@ func TestQuickBench(t *testing.T) {
 	}
 	// handoff waiters queued, p50 and p99 against the floor, the raw ratio
 	// and the one-write floor; expiry;
-	// throughput against both floors, writes in the window and at steady
-	// state, operator CPU, the raw ratio and one line per sweep point;
+	// throughput against both floors and against both floors with the
+	// status phase, writes in the window and at steady state, operator CPU,
+	// the raw ratio and one line per sweep point;
 	// webhook overhead and ratio at one rate; scale handoff and webhook
 	// against their controls, both p99 growths, create and RSS; non-target
 	// update and create.
-	want := 5 + 1 + 6 + len(rep.Throughput.Sweep) + 2 + 6 + 2
+	want := 5 + 1 + 8 + len(rep.Throughput.Sweep) + 2 + 6 + 2
 	if len(rep.Targets) != want {
 		t.Errorf("%d target lines, want %d", len(rep.Targets), want)
 	}

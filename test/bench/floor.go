@@ -163,6 +163,7 @@ type floorLoop struct {
 	fr     *unstructured.Unstructured // the registry as last written
 	events <-chan string              // resourceVersions its watch delivered
 	signed *locksv1.Holder            // a signed holder record to copy
+	phases *phaseWriter               // nil: no LockGrant status (floorphase.go)
 	n      int
 }
 
@@ -218,10 +219,14 @@ func (f *floorLoop) cycle(ctx context.Context) error {
 	if err := releaseFloorGrant(ctx, f.dyn, f.ns, name); err != nil {
 		return err
 	}
-	return f.cas(ctx, func(st *locksv1.FencedResourceStatus) {
+	if err := f.cas(ctx, func(st *locksv1.FencedResourceStatus) {
 		st.Holder = nil
 		recordFloorRelease(st, string(created.GetUID()))
-	})
+	}); err != nil {
+		return err
+	}
+	f.phases.ended(ctx, name)
+	return nil
 }
 
 // floorResourceLabel names a floor LockGrant's registry object, so that a

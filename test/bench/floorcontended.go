@@ -110,8 +110,10 @@ func (c *floorContender) cycle(ctx context.Context) error {
 
 // contendedFloor starts a floor issuer on each of resources registry
 // objects (named prefix-0…) and returns clients cyclers, spread over them
-// as fencekeeper's contended clients are.
-func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, clients, resources int, count *countingTransport) ([]cycler, error) {
+// as fencekeeper's contended clients are; with phases, a status merge patch,
+// each issuer also writes its ended LockGrants' status phase
+// (floorphase.go).
+func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, clients, resources int, phases []byte, count *countingTransport) ([]cycler, error) {
 	tmpl, err := e.floorTemplateOf(ctx, ns, template)
 	if err != nil {
 		return nil, err
@@ -122,7 +124,11 @@ func (e *env) contendedFloor(ctx context.Context, ns, prefix, template string, c
 		if err != nil {
 			return nil, err
 		}
-		if issuers[r], err = startFloorIssuer(ctx, dyn, ns, fmt.Sprintf("%s-%d", prefix, r), tmpl, false); err != nil {
+		writer, err := e.floorPhaseWriter(ctx, ns, phases)
+		if err != nil {
+			return nil, err
+		}
+		if issuers[r], err = startFloorIssuer(ctx, dyn, ns, fmt.Sprintf("%s-%d", prefix, r), tmpl, false, writer); err != nil {
 			return nil, err
 		}
 	}

@@ -48,7 +48,8 @@ type floorIssuer struct {
 	fr     *unstructured.Unstructured // the registry as last written
 	st     locksv1.FencedResourceStatus
 	queue  []floorRequest
-	queued chan string // names of LockGrants queued (or granted at once); nil: not told
+	queued chan string  // names of LockGrants queued (or granted at once); nil: not told
+	phases *phaseWriter // nil: no LockGrant status (floorphase.go)
 	err    error
 	dead   chan struct{} // closed when the issuer stopped (err says why)
 }
@@ -58,8 +59,9 @@ type floorRequest struct {
 }
 
 // startFloorIssuer creates the floor registry object (the template's status,
-// without holder and queue) and starts following its LockGrants.
-func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource, notify bool) (*floorIssuer, error) {
+// without holder and queue) and starts following its LockGrants; phases, if
+// not nil, writes the status of each LockGrant it ends.
+func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name string, template *locksv1.FencedResource, notify bool, phases *phaseWriter) (*floorIssuer, error) {
 	signer, err := grant.GenerateSigner(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -68,7 +70,7 @@ func startFloorIssuer(ctx context.Context, dyn dynamic.Interface, ns, name strin
 	if err != nil {
 		return nil, err
 	}
-	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, st: *st,
+	f := &floorIssuer{dyn: dyn, ns: ns, signer: signer, fr: created, st: *st, phases: phases,
 		tmpl: locksv1.Holder{TTLSeconds: int64(template.Spec.LeaseDurationSeconds), OperationRoot: floorOperationRoot}}
 	if notify {
 		f.queued = make(chan string, 16)
@@ -134,7 +136,11 @@ func (f *floorIssuer) observe(ctx context.Context, typ watch.EventType, lg *unst
 	}
 	recordFloorRelease(&f.st, h.GrantUID)
 	f.st.Holder = nil
-	return f.handOff(ctx)
+	if err := f.handOff(ctx); err != nil {
+		return err
+	}
+	f.phases.ended(ctx, h.GrantName)
+	return nil
 }
 
 // handOff issues the head of the queue (signed, fence+1) by one CAS.
@@ -297,7 +303,7 @@ func (e *env) newFloorHandoff(ctx context.Context, ns, resource, template string
 		owners[i] = owner
 	}
 	h.ws = [2]floorWorker{{dyn: dyns[0], owner: owners[0]}, {dyn: dyns[1], owner: owners[1]}}
-	if h.iss, err = startFloorIssuer(ctx, dyns[2], ns, resource, &tmpl, true); err != nil {
+	if h.iss, err = startFloorIssuer(ctx, dyns[2], ns, resource, &tmpl, true, nil); err != nil {
 		return nil, err
 	}
 	return h, nil

@@ -96,7 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.leRetry, "le-retry", 100*time.Millisecond, "client-go leaderelection RetryPeriod of the reference.")
 	fs.IntVar(&c.expiries, "expiries", 250, "Expiry handoffs measured (1 s leases).")
 	fs.IntVar(&c.expiryPar, "expiry-parallel", 8, "Resources whose expiry chains run side by side, staggered.")
-	fs.DurationVar(&c.tputDuration, "throughput-duration", 4*time.Second, "Measured window of each throughput run (each of the six runs has five).")
+	fs.DurationVar(&c.tputDuration, "throughput-duration", 4*time.Second, "Measured window of each throughput run (each of the eight runs has five).")
 	fs.DurationVar(&c.tputWarmup, "throughput-warmup", time.Second, "Unmeasured warm-up before each throughput window.")
 	fs.IntVar(&c.clients, "clients", 8, "Closed-loop clients C of the throughput runs.")
 	fs.IntVar(&c.contendedOn, "contended-resources", 2, "Shared resources of the contended throughput runs.")

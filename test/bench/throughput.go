@@ -28,18 +28,27 @@ type throughputResult struct {
 	Clients     int    `json:"clients"`
 	Window      string `json:"window"`
 	Repetitions int    `json:"repetitions"`
-	// Runs: raw two-CAS, fencekeeper and the custom-resource floor,
-	// uncontended then contended, each pooled over its repetitions.
+	// Runs: raw two-CAS, fencekeeper, the custom-resource floor and the
+	// floor with the status phase, uncontended then contended, each pooled
+	// over its repetitions.
 	Runs []tputRun `json:"runs"`
 	// ContendedRatio is fencekeeper's contended cycles/s over the raw baseline's.
 	ContendedRatio   float64 `json:"contended_ratio_fencekeeper_over_raw"`
 	UncontendedRatio float64 `json:"uncontended_ratio_fencekeeper_over_raw"`
 	// OverFloor*: fencekeeper's cycles/s over the floor's, repetition by
 	// repetition (each pair measured in the same rotation).
-	OverFloorUncontended    []float64 `json:"fencekeeper_over_floor_uncontended_by_repetition"`
-	OverFloorContended      []float64 `json:"fencekeeper_over_floor_contended_by_repetition"`
-	FloorOverRawUncontended float64   `json:"floor_over_raw_uncontended"`
-	FloorOverRawContended   float64   `json:"floor_over_raw_contended"`
+	OverFloorUncontended []float64 `json:"fencekeeper_over_floor_uncontended_by_repetition"`
+	OverFloorContended   []float64 `json:"fencekeeper_over_floor_contended_by_repetition"`
+	// PhaseFloorOver*: the floor with the contract's status phase
+	// (floorphase.go) over the plain floor, and fencekeeper over it, by
+	// repetition: the first is the most the line above can reach under the
+	// contract, the second what fencekeeper does beyond that.
+	PhaseFloorOverFloorUncontended       []float64 `json:"phase_floor_over_floor_uncontended_by_repetition"`
+	PhaseFloorOverFloorContended         []float64 `json:"phase_floor_over_floor_contended_by_repetition"`
+	FencekeeperOverPhaseFloorUncontended []float64 `json:"fencekeeper_over_phase_floor_uncontended_by_repetition"`
+	FencekeeperOverPhaseFloorContended   []float64 `json:"fencekeeper_over_phase_floor_contended_by_repetition"`
+	FloorOverRawUncontended              float64   `json:"floor_over_raw_uncontended"`
+	FloorOverRawContended                float64   `json:"floor_over_raw_contended"`
 	// Deferred: the writes an ended LockGrant of the contended runs causes
 	// when it is collected, measured on some of them.
 	Deferred deferredWrites `json:"deferred_writes"`
@@ -128,14 +137,17 @@ type tputKind struct {
 	windows   []tputWindow
 }
 
-// The six kinds of the throughput phase, in this order.
+// The eight kinds of the throughput phase, in this order.
 const (
 	rawUncontended = iota
 	fkUncontended
 	floorUncontended
+	phaseFloorUncontended
 	rawContended
 	fkContended
 	floorContended
+	phaseFloorContended
+	tputKinds
 )
 
 func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Writer) error {
@@ -151,7 +163,7 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 	if err != nil {
 		return err
 	}
-	// Repetitions of all six kinds, the order rotated by one each time.
+	// Repetitions of all kinds, the order rotated by one each time.
 	for rep := 0; rep < repetitionCount; rep++ {
 		for i := range kinds {
 			k := kinds[(i+rep)%len(kinds)]
@@ -168,9 +180,16 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 	for _, k := range kinds {
 		t.Runs = append(t.Runs, k.run())
 	}
+	over := func(a, b, rep int) float64 {
+		return ratio(kinds[a].windows[rep].perSecond(), kinds[b].windows[rep].perSecond())
+	}
 	for rep := 0; rep < repetitionCount; rep++ {
-		t.OverFloorUncontended = append(t.OverFloorUncontended, ratio(kinds[fkUncontended].windows[rep].perSecond(), kinds[floorUncontended].windows[rep].perSecond()))
-		t.OverFloorContended = append(t.OverFloorContended, ratio(kinds[fkContended].windows[rep].perSecond(), kinds[floorContended].windows[rep].perSecond()))
+		t.OverFloorUncontended = append(t.OverFloorUncontended, over(fkUncontended, floorUncontended, rep))
+		t.OverFloorContended = append(t.OverFloorContended, over(fkContended, floorContended, rep))
+		t.PhaseFloorOverFloorUncontended = append(t.PhaseFloorOverFloorUncontended, over(phaseFloorUncontended, floorUncontended, rep))
+		t.PhaseFloorOverFloorContended = append(t.PhaseFloorOverFloorContended, over(phaseFloorContended, floorContended, rep))
+		t.FencekeeperOverPhaseFloorUncontended = append(t.FencekeeperOverPhaseFloorUncontended, over(fkUncontended, phaseFloorUncontended, rep))
+		t.FencekeeperOverPhaseFloorContended = append(t.FencekeeperOverPhaseFloorContended, over(fkContended, phaseFloorContended, rep))
 	}
 	if t.Deferred, err = e.collectEnded(ctx, ns, "t-con-", 100); err != nil {
 		return fmt.Errorf("deferred writes: %w", err)
@@ -182,22 +201,23 @@ func (r *report) throughput(ctx context.Context, e *env, cfg *config, log io.Wri
 	return nil
 }
 
-// throughputKinds sets up the six kinds' clients and resources. The floors
+// throughputKinds sets up the kinds' clients and resources. The floors
 // copy the status of fencekeeper's resources after a first unmeasured
-// window, so their registry objects have fencekeeper's size.
+// window, so their registry objects have fencekeeper's size, and the status
+// phase floors the status of one of its released LockGrants.
 func (e *env) throughputKinds(ctx context.Context, cfg *config, ns string) ([]*tputKind, error) {
-	kinds := make([]*tputKind, 6)
+	kinds := make([]*tputKind, tputKinds)
 	mk := func(i int, name string, resources int) *tputKind {
 		kinds[i] = &tputKind{name: name, resources: resources, count: &countingTransport{}}
 		return kinds[i]
 	}
 	for _, spec := range []struct {
-		raw, fk, floor int
-		label, prefix  string
-		resources      int
+		raw, fk, floor, phaseFloor int
+		label, prefix              string
+		resources                  int
 	}{
-		{rawUncontended, fkUncontended, floorUncontended, "uncontended", "t-unc", cfg.clients},
-		{rawContended, fkContended, floorContended, "contended", "t-con", cfg.contendedOn},
+		{rawUncontended, fkUncontended, floorUncontended, phaseFloorUncontended, "uncontended", "t-unc", cfg.clients},
+		{rawContended, fkContended, floorContended, phaseFloorContended, "contended", "t-con", cfg.contendedOn},
 	} {
 		raw, err := e.rawCyclers(ctx, ns, spec.prefix+"-raw", cfg.clients, spec.resources, mk(spec.raw, "raw two-CAS, "+spec.label, spec.resources))
 		if err != nil {
@@ -212,12 +232,22 @@ func (e *env) throughputKinds(ctx context.Context, cfg *config, ns string) ([]*t
 			return nil, fmt.Errorf("%s: %w", fk.name, err)
 		}
 		template := spec.prefix + "-0"
+		phases, err := e.releasedStatusPatch(ctx, ns, template)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", fk.name, err)
+		}
 		if spec.fk == fkUncontended {
 			fl := mk(spec.floor, "custom-resource floor (4 writes), uncontended", spec.resources)
-			fl.cyclers, err = e.floorCyclers(ctx, cfg, ns, template, fl.count)
+			if fl.cyclers, err = e.floorCyclers(ctx, cfg, ns, "floor", template, nil, fl.count); err == nil {
+				fl = mk(spec.phaseFloor, "floor with the status phase (5 writes), uncontended", spec.resources)
+				fl.cyclers, err = e.floorCyclers(ctx, cfg, ns, "phase-floor", template, phases, fl.count)
+			}
 		} else {
 			fl := mk(spec.floor, "custom-resource floor (3 writes), contended", spec.resources)
-			fl.cyclers, err = e.contendedFloor(ctx, ns, "floor-con", template, cfg.clients, spec.resources, fl.count)
+			if fl.cyclers, err = e.contendedFloor(ctx, ns, "floor-con", template, cfg.clients, spec.resources, nil, fl.count); err == nil {
+				fl = mk(spec.phaseFloor, "floor with the status phase (4 writes), contended", spec.resources)
+				fl.cyclers, err = e.contendedFloor(ctx, ns, "phase-floor-con", template, cfg.clients, spec.resources, phases, fl.count)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("custom-resource floor, %s: %w", spec.label, err)
@@ -318,6 +348,17 @@ func (r *report) judgeThroughput(t *throughputResult, cfg *config) {
 		r.judge("operator CPU in a contended cycle", "≤ 10 % of the cycle's CPU (all processes)", t.OperatorCPUShare*100, atMost(10), "%",
 			fmt.Sprintf("CPU ms per cycle: %s", breakdown(con.CPUPerCycle)))
 	}
+	for _, c := range []struct {
+		label, floor    string
+		ceiling, beyond []float64
+	}{
+		{"uncontended", "4-write", t.PhaseFloorOverFloorUncontended, t.FencekeeperOverPhaseFloorUncontended},
+		{"contended", "3-write", t.PhaseFloorOverFloorContended, t.FencekeeperOverPhaseFloorContended},
+	} {
+		r.report(c.label+" throughput against the floor with the status phase", "fencekeeper cycles/s / the floor's that also writes each LockGrant's final status, median of the repetitions",
+			medianOf(c.beyond), fmt.Sprintf("repetitions %s; that floor over the %s floor (the most the line above can reach under the contract): %s× (%s)",
+				repsString(c.beyond), c.floor, fmtF(medianOf(c.ceiling)), repsString(c.ceiling)))
+	}
 	r.report("throughput against raw Lease", "fencekeeper contended cycles/s / raw two-CAS", t.ContendedRatio,
 		fmt.Sprintf("uncontended %s×; the floors alone: %s× contended, %s× uncontended", fmtF(t.UncontendedRatio), fmtF(t.FloorOverRawContended), fmtF(t.FloorOverRawUncontended)))
 	for _, p := range t.Sweep {
@@ -335,9 +376,11 @@ func sumValues(m map[string]float64) float64 {
 }
 
 // floorCyclers: the uncontended custom-resource floor (floor.go), as many
-// clients as the other runs, each on its own registry object copying the
-// status of fencekeeper's registry object template.
-func (e *env) floorCyclers(ctx context.Context, cfg *config, ns, template string, count *countingTransport) ([]cycler, error) {
+// clients as the other runs, each on its own registry object (named
+// prefix-r0…) copying the status of fencekeeper's registry object template;
+// with phases, a status merge patch, each ended LockGrant also gets its
+// status phase (floorphase.go).
+func (e *env) floorCyclers(ctx context.Context, cfg *config, ns, prefix, template string, phases []byte, count *countingTransport) ([]cycler, error) {
 	tmpl, err := e.floorTemplateOf(ctx, ns, template)
 	if err != nil {
 		return nil, err
@@ -352,13 +395,29 @@ func (e *env) floorCyclers(ctx context.Context, cfg *config, ns, template string
 		if err != nil {
 			return nil, err
 		}
-		loop, err := newFloorLoop(ctx, dyn, ns, fmt.Sprintf("floor-r%d", c), tmpl, signed)
+		loop, err := newFloorLoop(ctx, dyn, ns, fmt.Sprintf("%s-r%d", prefix, c), tmpl, signed)
 		if err != nil {
+			return nil, err
+		}
+		if loop.phases, err = e.floorPhaseWriter(ctx, ns, phases); err != nil {
 			return nil, err
 		}
 		cyclers = append(cyclers, loop.cycle)
 	}
 	return cyclers, nil
+}
+
+// floorPhaseWriter starts a phaseWriter of phases with an identity of its
+// own (the issuer's writes are not the clients'); nil without phases.
+func (e *env) floorPhaseWriter(ctx context.Context, ns string, phases []byte) (*phaseWriter, error) {
+	if phases == nil {
+		return nil, nil
+	}
+	dyn, _, err := e.floorClient(&countingTransport{})
+	if err != nil {
+		return nil, err
+	}
+	return startPhaseWriter(ctx, dyn, ns, phases), nil
 }
 
 func countedRawWorker(e *env, count *countingTransport) (kubernetes.Interface, string, error) {
