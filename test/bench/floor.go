@@ -225,8 +225,7 @@ func (f *floorLoop) cycle(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	f.phases.ended(ctx, name)
-	return nil
+	return f.phases.ended(ctx, name)
 }
 
 // floorResourceLabel names a floor LockGrant's registry object, so that a

@@ -139,8 +139,7 @@ func (f *floorIssuer) observe(ctx context.Context, typ watch.EventType, lg *unst
 	if err := f.handOff(ctx); err != nil {
 		return err
 	}
-	f.phases.ended(ctx, h.GrantName)
-	return nil
+	return f.phases.ended(ctx, h.GrantName)
 }
 
 // handOff issues the head of the queue (signed, fence+1) by one CAS.

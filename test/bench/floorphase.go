@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,9 +28,12 @@ import (
 // phaseWriter writes the Released status of ended floor LockGrants from a
 // goroutine. Its queue is short, so a writer that falls behind slows the
 // cycles that feed it (at most phaseQueue writes spill into the next
-// window, as the issuer's deferred mirror writes do).
+// window, as the issuer's deferred mirror writes do). A write that fails
+// fails the run at the next cycle's end: a floor whose status writes were
+// refused would be a cheaper floor than the contract's.
 type phaseWriter struct {
 	names chan string
+	err   atomic.Pointer[error]
 }
 
 const phaseQueue = 8
@@ -43,10 +47,10 @@ func startPhaseWriter(ctx context.Context, dyn dynamic.Interface, ns string, bod
 		for {
 			select {
 			case name := <-p.names:
-				// An error here is a floor the machine could not keep up
-				// with, which its cycles/s already shows; the write is not
-				// retried, as a retried mirror is not either.
-				_, _ = lgs.Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+				if _, err := lgs.Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{}, "status"); err != nil && ctx.Err() == nil {
+					err = fmt.Errorf("floor status phase of %s: %w", name, err)
+					p.err.CompareAndSwap(nil, &err)
+				}
 			case <-ctx.Done():
 				return
 			}
@@ -55,14 +59,20 @@ func startPhaseWriter(ctx context.Context, dyn dynamic.Interface, ns string, bod
 	return p
 }
 
-// ended queues the status write of the LockGrant name; nil p writes nothing.
-func (p *phaseWriter) ended(ctx context.Context, name string) {
+// ended queues the status write of the LockGrant name and returns the first
+// write that failed so far; nil p writes nothing.
+func (p *phaseWriter) ended(ctx context.Context, name string) error {
 	if p == nil {
-		return
+		return nil
+	}
+	if err := p.err.Load(); err != nil {
+		return *err
 	}
 	select {
 	case p.names <- name:
+		return nil
 	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
