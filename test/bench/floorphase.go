@@ -14,8 +14,8 @@ import (
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
 
-// The throughput floors count the writes the issue that set the targets
-// counts: the request, the registry's compare-and-swaps, the release. The
+// The throughput floors count the writes their targets were set against:
+// the request, the registry's compare-and-swaps, the release. The
 // contract also gives every LockGrant a status phase (Held, Released, ...),
 // so each acquire/release cycle writes its LockGrant's status at least once;
 // fencekeeper's issuer defers a Held shorter than heldMirrorDelay and writes
