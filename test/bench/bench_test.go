@@ -80,9 +80,12 @@ func TestQuickBench(t *testing.T) {
 		positive(r.Name+" cycles/s", r.PerSecond)
 	}
 	// The floors with the status phase wrote it: one LockGrant status write
-	// per cycle, which the plain floors do not make.
+	// per cycle (some spill into the next window), which the plain floors
+	// do not make (fencekeeper's own spill into theirs is far below half).
 	for _, k := range []int{phaseFloorUncontended, phaseFloorContended} {
-		positive(rep.Throughput.Runs[k].Name+" lockgrants/status PATCH per cycle", rep.Throughput.Runs[k].WriteBreakdown["lockgrants/status PATCH"])
+		if r := rep.Throughput.Runs[k]; r.WriteBreakdown["lockgrants/status PATCH"] < 0.5 {
+			t.Errorf("%s: %v LockGrant status writes per cycle, want about 1", r.Name, r.WriteBreakdown["lockgrants/status PATCH"])
+		}
 	}
 	for _, reps := range [][]float64{rep.Throughput.OverFloorUncontended, rep.Throughput.OverFloorContended,
 		rep.Throughput.PhaseFloorOverFloorUncontended, rep.Throughput.PhaseFloorOverFloorContended,
