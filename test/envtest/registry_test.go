@@ -438,7 +438,11 @@ var _ = Describe("the lock registry", func() {
 		newFencedResource(ns, "batch", 30)
 		a := request(ns, "batch", "worker-a", "a")
 		Eventually(holder).Should(Equal("worker-a"))
+		// b is queued before c is created: two requests the issuer first
+		// sees in one pass, created in the same second, are ordered by name
+		// (arrivedBefore), and c's sorts first.
 		b := request(ns, "batch", "worker-b", "b")
+		Eventually(func() int { return len(getFR(ns, "batch").Status.Queue) }).Should(Equal(1))
 		c := request(ns, "batch", "worker-c", "c")
 		Eventually(func() int { return len(getFR(ns, "batch").Status.Queue) }).Should(Equal(2))
 
