@@ -24,14 +24,18 @@ import (
 // (finalizers, status), FencedResources only through the status subresource
 // (which keeps the stored metadata), and Namespaces are patched from a read
 // around the cache.
-func CacheOptions(namespace string) cache.Options {
+//
+// versions, when not nil, keeps the resourceVersion each LockGrant had when
+// the cache first received it, for the issuer of the same manager
+// (Options.CreationVersions).
+func CacheOptions(namespace string, versions *CreationVersions) cache.Options {
 	if namespace == "" {
 		namespace = locksv1.DefaultNamespace
 	}
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.ConfigMap{}:       {Namespaces: map[string]cache.Config{namespace: {}}},
-			&locksv1.LockGrant{}:      {Transform: boundLockGrant},
+			&locksv1.LockGrant{}:      {Transform: versions.transform},
 			&locksv1.FencedResource{}: {Transform: boundFencedResource},
 			&corev1.Namespace{}:       {Transform: boundNamespace},
 		},

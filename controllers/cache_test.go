@@ -107,7 +107,7 @@ func TestTransformsPassOtherTypes(t *testing.T) {
 }
 
 func TestCacheOptionsBoundEveryTenantKind(t *testing.T) {
-	o := CacheOptions("ops")
+	o := CacheOptions("ops", nil)
 	bounded := map[string]bool{}
 	for obj, by := range o.ByObject {
 		switch obj.(type) {

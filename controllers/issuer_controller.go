@@ -52,6 +52,8 @@ type IssuerReconciler struct {
 	// Name distinguishes several issuing controllers in one process (tests only).
 	Name                    string
 	MaxConcurrentReconciles int
+	// CreationVersions orders requests created in the same second.
+	CreationVersions *CreationVersions
 
 	statuses *statusMirror // which LockGrant statuses to write now (status_mirror.go)
 	writer   *grantWriter  // writes them outside the lock's pass (grant_writer.go)
@@ -72,6 +74,9 @@ func (r *IssuerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	name := r.Name
 	if name == "" {
 		name = "grant-issuer"
+	}
+	if err := r.CreationVersions.forgetDeleted(ctx, mgr.GetCache()); err != nil {
+		return err
 	}
 	r.statuses = newStatusMirror(time.Now)
 	r.writer = newGrantWriter(max(r.MaxConcurrentReconciles, 1), &r.requeue, r.writeGrant)
@@ -194,7 +199,7 @@ func (r *IssuerReconciler) gather(ctx context.Context, key types.NamespacedName)
 		Resource: fr, Grants: grants, HolderDeleted: holderDeleted, Now: r.Identity.clock.Now(),
 		Epoch: s.epoch, TakeoverAt: s.takeoverAt, RevokedBelow: s.revokedBelow, Signer: s.signer,
 		// Real time: the issuer's clock may be injected and stand still.
-		Seen: r.arrivals.get(key), SeenNow: time.Now(), ConfirmLater: true,
+		Seen: r.arrivals.get(key), SeenNow: time.Now(), ConfirmLater: true, CreationVersion: r.CreationVersions.Of,
 	}, true, nil
 }
 

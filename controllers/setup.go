@@ -41,6 +41,10 @@ type Options struct {
 	// Exempt are the namespaces never enrolled (the zero value: kube-system
 	// and kube-public).
 	Exempt enrollment.Exemptions
+	// CreationVersions are the LockGrants' versions as the manager's cache
+	// first received them (the memory given to CacheOptions): FIFO within
+	// a second. Nil: requests created in one second are served by name.
+	CreationVersions *CreationVersions
 }
 
 // Setup adds the issuer (its identity and controllers) to mgr and returns its identity.
@@ -71,7 +75,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (*IssuerIdentity, e
 	if err := (&IssuerReconciler{
 		Client: c, APIReader: mgr.GetAPIReader(), Identity: identity,
 		Recorder: mgr.GetEventRecorder("fencekeeper-issuer"), Name: name("grant-issuer"),
-		MaxConcurrentReconciles: o.MaxConcurrentReconciles,
+		MaxConcurrentReconciles: o.MaxConcurrentReconciles, CreationVersions: o.CreationVersions,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return nil, err
 	}

@@ -133,14 +133,15 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := newManager(cfg, o, rotator)
+	versions := controllers.NewCreationVersions()
+	mgr, err := newManager(cfg, o, rotator, versions)
 	if err != nil {
 		return err
 	}
 	exempt := enrollment.NewExemptions(o.Namespace, o.ExemptNamespaces)
 	identity, err := controllers.Setup(ctx, mgr, controllers.Options{
 		Namespace: o.Namespace, Clock: o.Clock, MaxConcurrentReconciles: o.MaxConcurrentReconciles, EndedGrantRetention: o.EndedGrantRetention,
-		EndedGrantMaxCount: o.EndedGrantMaxCount, Exempt: exempt,
+		EndedGrantMaxCount: o.EndedGrantMaxCount, Exempt: exempt, CreationVersions: versions,
 	})
 	if err != nil {
 		return fmt.Errorf("issuer: %w", err)
@@ -171,10 +172,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	return mgr.Start(ctx)
 }
 
-// newManager returns the manager: its cache, metrics, probes, leader
-// election and webhook server, which serves the rotator's certificate when
-// there is one.
-func newManager(cfg *rest.Config, o Options, rotator *certs.Rotator) (manager.Manager, error) {
+// newManager returns the manager: its cache (which keeps the LockGrants'
+// versions in versions), metrics, probes, leader election and webhook
+// server, which serves the rotator's certificate when there is one.
+func newManager(cfg *rest.Config, o Options, rotator *certs.Rotator, versions *controllers.CreationVersions) (manager.Manager, error) {
 	// HTTP/2 stays off on the webhook server (CVE-2023-44487, rapid reset).
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	if rotator != nil {
@@ -183,7 +184,7 @@ func newManager(cfg *rest.Config, o Options, rotator *certs.Rotator) (manager.Ma
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        locksv1.Scheme,
-		Cache:                         controllers.CacheOptions(o.Namespace),
+		Cache:                         controllers.CacheOptions(o.Namespace, versions),
 		Metrics:                       MetricsOptions(o.MetricsAddr, !o.MetricsInsecure, o.MetricsCertDir),
 		HealthProbeBindAddress:        o.ProbeAddr,
 		PprofBindAddress:              o.PprofAddr,

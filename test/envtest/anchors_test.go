@@ -226,7 +226,7 @@ var _ = Describe("trust anchors and the webhook configuration", Ordered, func() 
 func startGuard(kinds []schema.GroupVersionResource) func() {
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:  scheme,
-		Cache:   controllers.CacheOptions(opNamespace),
+		Cache:   controllers.CacheOptions(opNamespace, nil),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})
 	Expect(err).NotTo(HaveOccurred())

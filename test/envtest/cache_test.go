@@ -115,8 +115,8 @@ var _ = Describe("hostile input: the operator's cache holds what the operator re
 			lg.Annotations = fillMetadata(lg, locksv1.MaxLockGrantMetadataBytes)
 			Expect(workers["worker-a"].Create(suiteCtx, lg)).To(Succeed())
 		}
-		bounded := controllers.CacheOptions(opNamespace)
-		unbounded := controllers.CacheOptions(opNamespace)
+		bounded := controllers.CacheOptions(opNamespace, nil)
+		unbounded := controllers.CacheOptions(opNamespace, nil)
 		for obj, by := range unbounded.ByObject {
 			if _, ok := obj.(*locksv1.LockGrant); ok {
 				by.Transform = nil // the default: managedFields stripped, nothing else

@@ -135,7 +135,7 @@ var _ = Describe("the webhook shape on rollout", Ordered, func() {
 // operator user; desired nil keeps this version's own shape.
 func startShapeGuard(gen int, desired func(context.Context) ([]admissionregistrationv1.ValidatingWebhook, error)) func() {
 	GinkgoHelper()
-	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(opNamespace), Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(opNamespace, nil), Metrics: metricsserver.Options{BindAddress: "0"}})
 	Expect(err).NotTo(HaveOccurred())
 	o := fkoperator.GuardOptions{
 		Namespace: opNamespace, WebhookConfiguration: locksv1.WebhookConfigurationName, ProtectedKinds: suiteKinds,

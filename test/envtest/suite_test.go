@@ -120,7 +120,7 @@ func startWebhookServer() {
 	o := testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:  scheme,
-		Cache:   controllers.CacheOptions(opNamespace),
+		Cache:   controllers.CacheOptions(opNamespace, nil),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir,
@@ -151,9 +151,10 @@ type operator struct {
 }
 
 func startOperator(name string, clk *clocktesting.FakeClock, opts controllers.Options) *operator {
+	opts.CreationVersions = controllers.NewCreationVersions() // as internal/operator wires it
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:  scheme,
-		Cache:   controllers.CacheOptions(opNamespace),
+		Cache:   controllers.CacheOptions(opNamespace, opts.CreationVersions),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// Leader election is off: specs start several issuers on purpose.
 	})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -197,7 +198,7 @@ func (r *registry) reconcile() {
 	res, err := issuer.DecideConfirmed(&issuer.Input{
 		Resource: &r.fr, Grants: r.issuerCache(), Now: w.now,
 		Epoch: r.epoch, TakeoverAt: r.takeoverAt, RevokedBelow: r.revokedBelow, Signer: r.signer,
-		Seen: r.seen, SeenNow: w.now, ConfirmLater: true,
+		Seen: r.seen, SeenNow: w.now, ConfirmLater: true, CreationVersion: creationVersion,
 	}, r.readAroundCache)
 	r.seen = issuer.Arrivals{}
 	if err != nil {
@@ -254,6 +255,14 @@ func (r *registry) reconcile() {
 		}
 		r.holder = digest
 	}
+}
+
+// creationVersion orders the LockGrants as their creations' versions do:
+// their UIDs count creations (lg-N), and the issuer's watch receives each
+// LockGrant created before it first sees it.
+func creationVersion(uid types.UID) (uint64, bool) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(string(uid), "lg-"), 10, 64)
+	return n, err == nil
 }
 
 // issuerCache is the issuer's view of the LockGrants: the API server's,

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/grant"
@@ -67,6 +68,13 @@ type Input struct {
 	// (Decision.Confirm), so that while someone holds the lock a decision
 	// never waits for those reads.
 	ConfirmLater bool
+	// CreationVersion is the resourceVersion a LockGrant had when the
+	// caller first received it (ok false: it cannot tell), its creation's
+	// unless its owner changed it since. Versions of one resource are
+	// comparable, so this orders requests created in the same second,
+	// which creationTimestamp (whole seconds) cannot. Nil: such requests
+	// are ordered by name.
+	CreationVersion func(types.UID) (rv uint64, ok bool)
 }
 
 // Event is an Event to emit once the writes it describes succeeded.

@@ -62,7 +62,7 @@ func arrivalsOf(v *view, queued map[string]bool) []*locksv1.LockGrant {
 		if sa, sb := in.Seen.firstSeen(a, in.SeenNow), in.Seen.firstSeen(b, in.SeenNow); !sa.Equal(sb) {
 			return sa.Compare(sb)
 		}
-		if arrivedBefore(a, b) {
+		if arrivedBefore(in, a, b) {
 			return -1
 		}
 		return 1

@@ -2,6 +2,7 @@ package issuer
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
@@ -69,7 +70,7 @@ func servedBefore(in *Input, st *locksv1.FencedResourceStatus, a, b *locksv1.Loc
 	if sa, sb := in.Seen.firstSeen(a, in.SeenNow), in.Seen.firstSeen(b, in.SeenNow); !sa.Equal(sb) {
 		return sa.Before(sb)
 	}
-	return arrivedBefore(a, b)
+	return arrivedBefore(in, a, b)
 }
 
 // queuePlace is lg's index in the registry queue (as rebuildQueue keeps
@@ -107,12 +108,28 @@ func ownDenial(fr *locksv1.FencedResource, lg *locksv1.LockGrant) (string, strin
 	return fr.PolicyViolation(lg.Spec.Owner, lg.Spec.OperationCategory)
 }
 
-// arrivedBefore orders requests FIFO by creation, then by name for a stable order.
-func arrivedBefore(a, b *locksv1.LockGrant) bool {
+// arrivedBefore orders requests FIFO by creation: its second, then its
+// version (Input.CreationVersion; one the caller cannot place comes after
+// those it can), then by name for a stable order.
+func arrivedBefore(in *Input, a, b *locksv1.LockGrant) bool {
 	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
 		return a.CreationTimestamp.Before(&b.CreationTimestamp)
 	}
+	if va, vb := creationVersion(in, a), creationVersion(in, b); va != vb {
+		return va < vb
+	}
 	return a.Name < b.Name
+}
+
+// creationVersion is lg's Input.CreationVersion, the largest number when
+// the caller cannot tell: with the name, a total order.
+func creationVersion(in *Input, lg *locksv1.LockGrant) uint64 {
+	if in.CreationVersion != nil {
+		if rv, ok := in.CreationVersion(lg.UID); ok {
+			return rv
+		}
+	}
+	return math.MaxUint64
 }
 
 // granted reports whether the registry status st, or lg's own status, says

@@ -212,6 +212,41 @@ func TestRebuildQueue(t *testing.T) {
 	}
 }
 
+// TestRebuildQueueWithinOneSecond: requests first seen in one pass and
+// created in the same second are queued by their creations' versions
+// (Input.CreationVersion), not by name; one the caller cannot place comes
+// after those it can, and without versions the name decides.
+func TestRebuildQueueWithinOneSecond(t *testing.T) {
+	f := fr(10)
+	versions := map[types.UID]uint64{"uid-c": 7, "uid-a": 9, "uid-b": 8}
+	created := func(uid types.UID) (uint64, bool) { rv, ok := versions[uid]; return rv, ok }
+	queue := func(in *Input) []string {
+		v := newView(t, in)
+		rebuildQueue(v, &Decision{})
+		var got []string
+		for _, q := range v.st.Queue {
+			got = append(got, q.GrantName)
+		}
+		return got
+	}
+	grants := func() []locksv1.LockGrant {
+		return []locksv1.LockGrant{lg("a", 0), lg("b", 0), lg("c", 0), lg("d", 0), lg("e", -time.Second)}
+	}
+	for _, tc := range []struct {
+		name    string
+		created func(types.UID) (uint64, bool)
+		want    []string
+	}{
+		{"by version, unplaced last", created, []string{"e", "c", "b", "a", "d"}},
+		{"no versions", nil, []string{"e", "a", "b", "c", "d"}},
+	} {
+		in := &Input{Resource: f, Grants: grants(), CreationVersion: tc.created}
+		if got := queue(in); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: queue %v, want %v (an earlier second first)", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestConfirmation: a fence goes without a read around the cache only to a
 // head the committed queue holds under its UID; everything else the cache
 // says for the first time is for the caller to confirm.
