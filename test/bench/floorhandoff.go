@@ -281,7 +281,7 @@ func (e *env) newFloorHandoff(ctx context.Context, ns, resource, template string
 	if err := e.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: template}, &tmpl); err != nil {
 		return nil, err
 	}
-	held, err := heldStatusOf(ctx, e.admin, ns, template)
+	held, err := grantedStatusOf(ctx, e.admin, ns, template, "", locksv1.PhaseHeld)
 	if err != nil {
 		return nil, err
 	}
@@ -382,21 +382,22 @@ func (h *floorHandoff) sample(ctx context.Context, i int) (took, released time.D
 	return r.at.Sub(t0), released, h.iss.mirrorHeld(ctx, name, h.held)
 }
 
-// heldStatusOf is the status of one of resource's LockGrants that carries a
-// grant, as its issuer mirrored it, with the phase set to Held.
-func heldStatusOf(ctx context.Context, kube client.Client, ns, resource string) (*locksv1.LockGrantStatus, error) {
+// grantedStatusOf is the status of one of resource's LockGrants that carries
+// a grant, as its issuer mirrored it (in phase from, unless from is empty),
+// with the phase set to phase.
+func grantedStatusOf(ctx context.Context, kube client.Client, ns, resource string, from, phase locksv1.LockGrantPhase) (*locksv1.LockGrantStatus, error) {
 	var list locksv1.LockGrantList
 	if err := kube.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return nil, err
 	}
 	for _, lg := range list.Items {
-		if lg.Spec.Resource == resource && lg.Status.Grant != nil {
+		if lg.Spec.Resource == resource && lg.Status.Grant != nil && (from == "" || lg.Status.Phase == from) {
 			st := lg.Status.DeepCopy()
-			st.Phase = locksv1.PhaseHeld
+			st.Phase = phase
 			return st, nil
 		}
 	}
-	return nil, fmt.Errorf("no LockGrant of %s carries a grant to copy", resource)
+	return nil, fmt.Errorf("no LockGrant of %s carries a grant to copy (phase %q)", resource, from)
 }
 
 // observeFloor watches the floor's registry objects and LockGrants in ns

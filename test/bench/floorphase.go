@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 )
@@ -80,14 +79,9 @@ func (p *phaseWriter) ended(ctx context.Context, name string) error {
 // final status (phase Released, the grant it carried, its conditions), copied
 // from one of resource's LockGrants that fencekeeper's issuer released.
 func (e *env) releasedStatusPatch(ctx context.Context, ns, resource string) ([]byte, error) {
-	var list locksv1.LockGrantList
-	if err := e.admin.List(ctx, &list, client.InNamespace(ns)); err != nil {
+	st, err := grantedStatusOf(ctx, e.admin, ns, resource, locksv1.PhaseReleased, locksv1.PhaseReleased)
+	if err != nil {
 		return nil, err
 	}
-	for _, lg := range list.Items {
-		if lg.Spec.Resource == resource && lg.Status.Phase == locksv1.PhaseReleased && lg.Status.Grant != nil {
-			return json.Marshal(map[string]any{"status": lg.Status})
-		}
-	}
-	return nil, fmt.Errorf("no Released LockGrant of %s carries a grant to copy", resource)
+	return json.Marshal(map[string]any{"status": st})
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 	"github.com/fencekeeper/fencekeeper/pkg/ctxtime"
 )
 
@@ -44,7 +45,7 @@ func (s *soakRun) startFloor(ctx context.Context) <-chan struct{} {
 func (s *soakRun) sampleFloor(ctx context.Context) error {
 	// Until a worker holds the honest lock, no LockGrant carries a grant to copy.
 	for {
-		if _, err := heldStatusOf(ctx, s.e.admin, soakHonestNS, soakLock); err == nil {
+		if _, err := grantedStatusOf(ctx, s.e.admin, soakHonestNS, soakLock, "", locksv1.PhaseHeld); err == nil {
 			break
 		}
 		if ctxtime.Sleep(ctx, 100*time.Millisecond) != nil {
