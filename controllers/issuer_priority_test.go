@@ -109,3 +109,49 @@ func TestNewEntriesLastBehindRequests(t *testing.T) {
 		t.Fatalf("order = %v, want both requests before the new entries", order)
 	}
 }
+
+// The echo of the issuer's latest own compare-and-swap asks for no
+// decision; any other version of the FencedResource does, and so does the
+// same version delivered again (a resync).
+func TestShownOwnWritesSkipsTheEchoOfTheLatestOwnWrite(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	own := &ownWrites{}
+	h := shownOwnWrites{&handler.EnqueueRequestForObject{}, own}
+	ctx := context.Background()
+	at := func(rv string) *locksv1.FencedResource {
+		return &locksv1.FencedResource{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "batch", ResourceVersion: rv}}
+	}
+	key := client.ObjectKeyFromObject(at(""))
+	deliver := func(rv string) bool {
+		before := q.Len()
+		h.Update(ctx, event.UpdateEvent{ObjectOld: at("1"), ObjectNew: at(rv)}, q)
+		if q.Len() > before {
+			item, _ := q.Get()
+			q.Done(item)
+			return true
+		}
+		return false
+	}
+	own.wrote(key, "10", at("11"))
+	own.wrote(key, "11", at("12"))
+	for _, step := range []struct {
+		rv   string
+		want bool
+		why  string
+	}{
+		{"11", true, "an own write before the latest: only the latest is remembered, so one decision too many, never one too few"},
+		{"12", false, "the echo of the latest own write"},
+		{"12", true, "the same version again"},
+		{"13", true, "someone else's write"},
+	} {
+		if got := deliver(step.rv); got != step.want {
+			t.Errorf("version %s (%s): queued %v, want %v", step.rv, step.why, got, step.want)
+		}
+	}
+	own.wrote(key, "13", at("14"))
+	own.forget(key)
+	if !deliver("14") {
+		t.Error("after forget (a lost swap, a deletion), the echo of the last own write was not queued")
+	}
+}

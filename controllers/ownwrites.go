@@ -24,6 +24,10 @@ import (
 type ownWrites struct {
 	mu sync.Mutex
 	by map[types.NamespacedName]issuer.OwnWrites
+	// echo is the resourceVersion the issuer's latest compare-and-swap of
+	// each FencedResource left, until its watch delivers that version
+	// (ownEcho). Kept apart from by, which a gather may drop first.
+	echo map[types.NamespacedName]string
 }
 
 // get is the memory of key's own writes, taken before the cache is read:
@@ -57,9 +61,27 @@ func (o *ownWrites) wrote(key types.NamespacedName, from string, fr *locksv1.Fen
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.by == nil {
-		o.by = map[types.NamespacedName]issuer.OwnWrites{}
+		o.by, o.echo = map[types.NamespacedName]issuer.OwnWrites{}, map[types.NamespacedName]string{}
 	}
 	o.by[key] = o.by[key].Wrote(from, fr)
+	o.echo[key] = fr.ResourceVersion
+}
+
+// ownEcho reports whether fr, as the watch delivers it, is the version the
+// issuer's latest compare-and-swap of it left, and forgets that version.
+// Such a version asks for no decision: the swap succeeded on the version
+// before it, which the decision had read, so everything in it was that
+// decision's input or its output. Whatever changed since (a LockGrant, the
+// clock, the issuer's identity) asks for its own.
+func (o *ownWrites) ownEcho(fr client.Object) bool {
+	key := client.ObjectKeyFromObject(fr)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if rv, ok := o.echo[key]; ok && rv == fr.GetResourceVersion() {
+		delete(o.echo, key)
+		return true
+	}
+	return false
 }
 
 // shown drops the memory of fr's own writes when fr, as the cache now has
@@ -79,12 +101,15 @@ func (o *ownWrites) forget(key types.NamespacedName) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.by, key)
+	delete(o.echo, key)
 }
 
 // shownOwnWrites passes a FencedResource's events on, first dropping the
 // memory of the issuer's own writes the cache now shows: the informer has
 // stored an object before its handlers see it, so from then on a gather
-// reads that version or a newer one.
+// reads that version or a newer one. The echo of the issuer's latest own
+// write is not passed on (ownEcho): a decision from it would decide
+// nothing new, and it would come just as the lock's next request does.
 type shownOwnWrites struct {
 	handler.TypedEventHandler[client.Object, reconcile.Request]
 	own *ownWrites
@@ -99,6 +124,9 @@ func (h shownOwnWrites) Create(ctx context.Context, e event.CreateEvent, q workq
 // Update implements handler.EventHandler.
 func (h shownOwnWrites) Update(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	h.own.shown(e.ObjectNew)
+	if h.own.ownEcho(e.ObjectNew) {
+		return
+	}
 	h.TypedEventHandler.Update(ctx, e, q)
 }
 
