@@ -22,8 +22,9 @@ import (
 // For a LockGrant the watch delivers, that is its creation's version. For
 // one a list delivers (the informer's first, or a relist after its watch
 // expired), it is its latest change's at the time. Before the issuer queues
-// a request nobody but its owner may change it (the LockGrant webhook), so
-// only its owner can move it back, never ahead.
+// a request, the LockGrant webhook lets only its owner (or a break-glass
+// administrator) change it, and the issuer writes no status to it: a change
+// can only move it back, never ahead.
 //
 // The versions are taken in the cache's transform, which the informer runs
 // on each event before it stores the object: a reconcile that lists a

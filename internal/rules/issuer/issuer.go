@@ -70,10 +70,10 @@ type Input struct {
 	ConfirmLater bool
 	// CreationVersion is the resourceVersion a LockGrant had when the
 	// caller first received it (ok false: it cannot tell), its creation's
-	// unless its owner changed it since. Versions of one resource are
-	// comparable, so this orders requests created in the same second,
-	// which creationTimestamp (whole seconds) cannot. Nil: such requests
-	// are ordered by name.
+	// unless it was changed since (by its owner, or break-glass). Versions
+	// of one resource are comparable, so this orders requests created in
+	// the same second, which creationTimestamp (whole seconds) cannot.
+	// Nil: such requests are ordered by name.
 	CreationVersion func(types.UID) (rv uint64, ok bool)
 }
 
