@@ -72,6 +72,9 @@ type operatorProcess interface {
 	Metrics(ctx context.Context) (string, error)
 	// HeapProfile is a pprof heap profile of the operator (what holds its memory).
 	HeapProfile(ctx context.Context) ([]byte, error)
+	// CPUProfile is a pprof CPU profile of the operator over the next d;
+	// errOperatorInProcess when the operator shares the bench's own profile.
+	CPUProfile(ctx context.Context, d time.Duration) ([]byte, error)
 	Stop() error
 	Describe() string
 }
@@ -448,6 +451,11 @@ func (s *subprocess) HeapProfile(ctx context.Context) ([]byte, error) {
 	return []byte(p), err
 }
 
+func (s *subprocess) CPUProfile(ctx context.Context, d time.Duration) ([]byte, error) {
+	p, err := httpGet(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.pprofAddr, int(d.Seconds())))
+	return []byte(p), err
+}
+
 func (s *subprocess) Stop() error {
 	select {
 	case err := <-s.done:
@@ -490,6 +498,14 @@ func (p *inProcess) HeapProfile(context.Context) ([]byte, error) {
 	var b bytes.Buffer
 	err := pprof.Lookup("heap").WriteTo(&b, 0)
 	return b.Bytes(), err
+}
+
+// errOperatorInProcess: an in-process operator's CPU is in the bench's own
+// profile (-in-process), told apart by package.
+var errOperatorInProcess = errors.New("the operator runs in this process: its CPU is in the bench's profile")
+
+func (p *inProcess) CPUProfile(context.Context, time.Duration) ([]byte, error) {
+	return nil, errOperatorInProcess
 }
 
 func (p *inProcess) Describe() string {

@@ -9,14 +9,15 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"sync"
 	"testing"
 	"time"
 )
 
 // startProfiles captures CPU profiles while one phase runs: kube-apiserver's
-// (its /debug/pprof/profile, through the admin client), etcd's (its
-// /debug/pprof when enabled, otherwise skipped) and, with -in-process, this
-// process's (operator + bench clients, told apart by package). The returned
+// (its /debug/pprof/profile, through the admin client), the operator's (its
+// --pprof-bind-address) when it is a child process, and, with -in-process,
+// this process's (operator + bench clients, told apart by package). The returned
 // function stops them and writes the files.
 func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log io.Writer) func() {
 	if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
@@ -25,23 +26,35 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
-	done := make(chan struct{})
-	// The API server's profile endpoint needs its duration up front: take
-	// consecutive 10 s profiles until the phase ends, then merge with go tool pprof.
-	go func() {
-		defer close(done)
-		for i := 0; pctx.Err() == nil; i++ {
-			raw, err := e.adminC.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(pctx)
-			if err != nil {
-				if pctx.Err() == nil {
-					fmt.Fprintf(log, "   kube-apiserver profile: %v\n", err)
+	// The API server's and the child operator's profile endpoints need their
+	// duration up front: take consecutive 10 s profiles of each until the
+	// phase ends, then merge each with go tool pprof.
+	sources := map[string]func(context.Context) ([]byte, error){
+		"kube-apiserver": func(ctx context.Context) ([]byte, error) {
+			return e.adminC.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(ctx)
+		},
+	}
+	if !cfg.inProcess {
+		sources["operator"] = func(ctx context.Context) ([]byte, error) { return e.op.CPUProfile(ctx, 10*time.Second) }
+	}
+	var wg sync.WaitGroup
+	for name, take := range sources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; pctx.Err() == nil; i++ {
+				raw, err := take(pctx)
+				if err != nil {
+					if pctx.Err() == nil {
+						fmt.Fprintf(log, "   %s profile: %v\n", name, err)
+					}
+					return
 				}
-				return
+				path := filepath.Join(cfg.profileDir, fmt.Sprintf("%s-%s-%02d.pprof", phase, name, i))
+				_ = os.WriteFile(path, raw, 0o644)
 			}
-			path := filepath.Join(cfg.profileDir, fmt.Sprintf("%s-kube-apiserver-%02d.pprof", phase, i))
-			_ = os.WriteFile(path, raw, 0o644)
-		}
-	}()
+		}()
+	}
 	var self *os.File
 	if cfg.inProcess && cfg.cpuProfile == "" {
 		f, err := os.Create(filepath.Join(cfg.profileDir, phase+"-bench-and-operator.pprof"))
@@ -59,9 +72,9 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 			time.Sleep(rest + 500*time.Millisecond)
 		}
 		cancel()
-		<-done
+		wg.Wait()
 		fmt.Fprintf(log, "   profiles of %s in %s (merge: go tool pprof -top %s)\n", phase, cfg.profileDir,
-			filepath.Join(cfg.profileDir, phase+"-kube-apiserver-*.pprof"))
+			filepath.Join(cfg.profileDir, phase+"-{kube-apiserver,operator}-*.pprof"))
 	}
 }
 
