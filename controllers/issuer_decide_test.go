@@ -160,3 +160,26 @@ func TestDecideDropsWhatTheAPIServerNoLongerHas(t *testing.T) {
 		t.Fatalf("reads %v, want a and b once each", reads)
 	}
 }
+
+// A decision's wait counts from its gather, not from the end of the
+// reconcile that committed it: a compare-and-swap that took 30 ms leaves
+// 470 ms of a 500 ms wait.
+func TestLeftSinceCountsFromTheDecision(t *testing.T) {
+	decided := time.Date(2026, 12, 6, 1, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name    string
+		after   time.Duration
+		decided time.Time
+		elapsed time.Duration
+		want    time.Duration
+	}{
+		{"no wait asked for", 0, decided, 30 * time.Millisecond, 0},
+		{"the swap's time is taken off", 500 * time.Millisecond, decided, 30 * time.Millisecond, 470 * time.Millisecond},
+		{"a wait already over is the least one", 20 * time.Millisecond, decided, 30 * time.Millisecond, time.Millisecond},
+		{"no decision time: as asked", 500 * time.Millisecond, time.Time{}, 30 * time.Millisecond, 500 * time.Millisecond},
+	} {
+		if got := leftSince(c.after, c.decided, decided.Add(c.elapsed)); got != c.want {
+			t.Errorf("%s: leftSince(%v, +%v) = %v, want %v", c.name, c.after, c.elapsed, got, c.want)
+		}
+	}
+}
