@@ -57,6 +57,9 @@ type env struct {
 	// svc: with -failover, the operator's webhooks are reached through it,
 	// as through a Service (failover.go).
 	svc *webhookService
+	// profiled: CPU profile windows written so far this run, by file
+	// prefix (profile.go).
+	profiled map[string]int
 }
 
 // operatorProcess is the operator under test: cmd/manager as a child process

@@ -24,11 +24,19 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 		fmt.Fprintf(log, "   profiles: %v\n", err)
 		return func() {}
 	}
-	pctx, cancel := context.WithCancel(ctx)
-	start := time.Now()
 	// The API server's and the child operator's profile endpoints need their
 	// duration up front: take consecutive 10 s profiles of each until the
-	// phase ends, then merge each with go tool pprof.
+	// phase ends (the window in progress then finishes, so the profiles
+	// cover the phase's end), then merge each with go tool pprof.
+	stop := make(chan struct{})
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return ctx.Err() != nil
+		}
+	}
 	sources := map[string]func(context.Context) ([]byte, error){
 		"kube-apiserver": func(ctx context.Context) ([]byte, error) {
 			return e.adminC.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(ctx)
@@ -39,27 +47,36 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 	}
 	var wg sync.WaitGroup
 	for name, take := range sources {
+		prefix := phase + "-" + name
+		first := e.profileWindows(cfg, prefix)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; pctx.Err() == nil; i++ {
-				raw, err := take(pctx)
+			for i := first; !stopped(); i++ {
+				raw, err := takeProfile(ctx, take)
 				if err != nil {
-					if pctx.Err() == nil {
+					if ctx.Err() == nil {
 						fmt.Fprintf(log, "   %s profile: %v\n", name, err)
 					}
 					return
 				}
-				path := filepath.Join(cfg.profileDir, fmt.Sprintf("%s-%s-%02d.pprof", phase, name, i))
-				_ = os.WriteFile(path, raw, 0o644)
+				_ = os.WriteFile(filepath.Join(cfg.profileDir, fmt.Sprintf("%s-%02d.pprof", prefix, i)), raw, 0o644)
+				e.mu.Lock()
+				e.profiled[prefix] = i + 1
+				e.mu.Unlock()
 			}
 		}()
 	}
 	var self *os.File
 	if cfg.inProcess && cfg.cpuProfile == "" {
-		f, err := os.Create(filepath.Join(cfg.profileDir, phase+"-bench-and-operator.pprof"))
+		prefix := phase + "-bench-and-operator"
+		i := e.profileWindows(cfg, prefix)
+		f, err := os.Create(filepath.Join(cfg.profileDir, fmt.Sprintf("%s-%02d.pprof", prefix, i)))
 		if err == nil && pprof.StartCPUProfile(f) == nil {
 			self = f
+			e.mu.Lock()
+			e.profiled[prefix] = i + 1
+			e.mu.Unlock()
 		}
 	}
 	return func() {
@@ -67,14 +84,48 @@ func (e *env) startProfiles(ctx context.Context, cfg *config, phase string, log 
 			pprof.StopCPUProfile()
 			self.Close()
 		}
-		// Let the API server's current window finish so its profile covers the phase's end.
-		if rest := 10*time.Second - time.Since(start)%(10*time.Second); rest > 0 && rest < 10*time.Second {
-			time.Sleep(rest + 500*time.Millisecond)
-		}
-		cancel()
+		close(stop)
 		wg.Wait()
 		fmt.Fprintf(log, "   profiles of %s in %s (merge: go tool pprof -top %s)\n", phase, cfg.profileDir,
 			filepath.Join(cfg.profileDir, phase+"-{kube-apiserver,operator}-*.pprof"))
+	}
+}
+
+// profileWindows is the number of the next window of prefix's profiles. A
+// phase profiled again in the same run (each throughput repetition) adds
+// windows; the first use in a run removes what an earlier run left under
+// that prefix, so a merge of prefix-*.pprof is one run's.
+func (e *env) profileWindows(cfg *config, prefix string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.profiled == nil {
+		e.profiled = map[string]int{}
+	}
+	if n, ok := e.profiled[prefix]; ok {
+		return n
+	}
+	e.profiled[prefix] = 0
+	stale, _ := filepath.Glob(filepath.Join(cfg.profileDir, prefix+"-[0-9][0-9].pprof"))
+	for _, f := range stale {
+		_ = os.Remove(f)
+	}
+	return 0
+}
+
+// takeProfile takes one profile window, again after a moment when the
+// source refuses: its previous window, cancelled when the last phase
+// ended, may still be closing (Go's pprof handler allows one at a time).
+func takeProfile(ctx context.Context, take func(context.Context) ([]byte, error)) ([]byte, error) {
+	for attempt := 1; ; attempt++ {
+		raw, err := take(ctx)
+		if err == nil || attempt == 4 || ctx.Err() != nil {
+			return raw, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 }
 
