@@ -111,7 +111,10 @@ type Decision struct {
 	// finalizer (locksv1.GrantFinalizer, put on by earlier versions) must go.
 	RemoveFinalizer []string
 	Events          []Event
-	RequeueAfter    time.Duration
+	// RequeueAfter is when to decide again (an expiry, a deferral), counted
+	// from the decision; a caller that acts on it later takes the time
+	// since off (0: no need).
+	RequeueAfter time.Duration
 	// IssuedTo is the LockGrant given a new fence.
 	IssuedTo string
 	// Unconfirmed lists the LockGrants this decision trusts the cache about
