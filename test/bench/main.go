@@ -87,7 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "Write a CPU profile of this process (with -in-process it includes the operator).")
 	fs.StringVar(&only, "only", "", "Comma-separated phases to run (handoff,expiry,throughput,webhook,micro,scale,nontarget; soak runs only when named here); default all but soak.")
 	fs.BoolVar(&c.dumpMetrics, "dump-metrics", false, "Write the operator's and the API server's Prometheus metrics to bin/bench/*-metrics.txt at the end (for diagnosis).")
-	fs.StringVar(&c.profilePhase, "profile-phase", "", "Capture CPU profiles while this phase runs: kube-apiserver's /debug/pprof and the operator's (its pprof endpoint; with -in-process, this process's).")
+	fs.StringVar(&c.profilePhase, "profile-phase", "", "Capture CPU profiles while this phase runs: kube-apiserver's /debug/pprof and the operator's (its pprof endpoint; with -in-process, this process's); scale also takes both heap profiles at each size.")
 	fs.StringVar(&c.profileDir, "profile-dir", "bin/bench/profiles", "Where -profile-phase writes its profiles.")
 	fs.BoolVar(&c.failOnMiss, "fail-on-miss", false, "Exit 2 when a target is missed (default: exit 0 once the run completed).")
 	fs.IntVar(&c.warmup, "warmup", 30, "Handoffs discarded before each release-handoff sample.")

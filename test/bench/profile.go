@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"runtime/pprof"
 	"sync"
 	"testing"
@@ -140,23 +139,30 @@ func (e *env) profiling(ctx context.Context, cfg *config, phase, label string, l
 	return e.startProfiles(ctx, cfg, label, log)
 }
 
-// heapProfile writes this process's heap profile (with -in-process it holds
-// the operator's informer caches).
-func (e *env) heapProfile(cfg *config, label string, log io.Writer) {
-	if !cfg.inProcess {
-		return
-	}
+// heapProfiles writes what holds the memory of kube-apiserver (its
+// /debug/pprof/heap, after a collection) and of the operator (its pprof
+// endpoint; with -in-process, this process's, the bench's clients included),
+// as label-{kube-apiserver,operator}-heap.pprof.
+func (e *env) heapProfiles(ctx context.Context, cfg *config, label string, log io.Writer) {
 	if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
+		fmt.Fprintf(log, "   heap profiles: %v\n", err)
 		return
 	}
-	runtime.GC()
-	f, err := os.Create(filepath.Join(cfg.profileDir, label+"-heap.pprof"))
-	if err != nil {
-		fmt.Fprintf(log, "   heap profile: %v\n", err)
-		return
+	sources := map[string]func(context.Context) ([]byte, error){
+		"kube-apiserver": func(ctx context.Context) ([]byte, error) {
+			return e.adminC.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/heap").Param("gc", "1").DoRaw(ctx)
+		},
+		"operator": e.op.HeapProfile,
 	}
-	defer f.Close()
-	_ = pprof.WriteHeapProfile(f)
+	for name, take := range sources {
+		raw, err := take(ctx)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(cfg.profileDir, label+"-"+name+"-heap.pprof"), raw, 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(log, "   %s heap profile: %v\n", name, err)
+		}
+	}
 }
 
 // benchTime shortens testing.Benchmark's run time (quick mode).

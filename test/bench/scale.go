@@ -117,7 +117,7 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 
 		var stopProfiles func()
 		if cfg.profilePhase == "scale" {
-			e.heapProfile(cfg, fmt.Sprintf("scale-%d", size), log)
+			e.heapProfiles(ctx, cfg, fmt.Sprintf("scale-%d", size), log)
 			stopProfiles = e.startProfiles(ctx, cfg, fmt.Sprintf("scale-%d", size), log)
 		}
 		if x.Handoff, x.RawHandoff, err = e.scaleHandoffs(ctx, ns, ph, size, cfg); err != nil {
