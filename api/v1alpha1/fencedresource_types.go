@@ -358,6 +358,11 @@ type EndedGrant struct {
 }
 
 // FencedResourceStatus is the registry state of the resource.
+//
+// Only the operator writes it, with updates and patches, never an apply:
+// atomic, its managedFields entry is one path, not every field and
+// condition it holds, which the API server keeps for each object.
+// +structType=atomic
 type FencedResourceStatus struct {
 	// fenceToken is the highest fence ever issued for the resource; it never decreases.
 	// +optional

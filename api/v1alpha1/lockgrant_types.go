@@ -209,6 +209,11 @@ type GrantDocument struct {
 }
 
 // LockGrantStatus mirrors the registry's decision about this request.
+//
+// Only the operator writes it, with updates and patches, never an apply:
+// atomic, its managedFields entry is one path, not every field and
+// condition it holds, which the API server keeps for each object.
+// +structType=atomic
 type LockGrantStatus struct {
 	// phase is Pending, Held, Expired, Released, Revoked or Denied.
 	// +optional
