@@ -142,7 +142,8 @@ func (e *env) profiling(ctx context.Context, cfg *config, phase, label string, l
 // heapProfiles writes what holds the memory of kube-apiserver (its
 // /debug/pprof/heap, after a collection) and of the operator (its pprof
 // endpoint; with -in-process, this process's, the bench's clients included),
-// as label-{kube-apiserver,operator}-heap.pprof.
+// as label-heap-{kube-apiserver,operator}.pprof (outside the CPU windows'
+// label-{kube-apiserver,operator}-*.pprof, which the bench says to merge).
 func (e *env) heapProfiles(ctx context.Context, cfg *config, label string, log io.Writer) {
 	if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
 		fmt.Fprintf(log, "   heap profiles: %v\n", err)
@@ -157,7 +158,7 @@ func (e *env) heapProfiles(ctx context.Context, cfg *config, label string, log i
 	for name, take := range sources {
 		raw, err := take(ctx)
 		if err == nil {
-			err = os.WriteFile(filepath.Join(cfg.profileDir, label+"-"+name+"-heap.pprof"), raw, 0o644)
+			err = os.WriteFile(filepath.Join(cfg.profileDir, label+"-heap-"+name+".pprof"), raw, 0o644)
 		}
 		if err != nil {
 			fmt.Fprintf(log, "   %s heap profile: %v\n", name, err)
