@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -61,6 +62,14 @@ func TestQuickBench(t *testing.T) {
 	for _, s := range rep.Scale.Sizes {
 		positive("operator RSS", s.OperatorRSSMiB)
 		positive("scale handoff p99", s.Handoff.P99)
+		// Every step of the handoff seen at every size: the registry CAS
+		// through the bench's own watch, the waiter's return.
+		if len(s.HandoffStages) < 4 {
+			t.Errorf("scale %d: handoff stages %+v, want the release, the registry CAS, both mirrors and the waiter's return", s.Resources, s.HandoffStages)
+		}
+		for _, st := range s.HandoffStages {
+			positive(fmt.Sprintf("scale %d: %s p50", s.Resources, st.Name), st.P50)
+		}
 	}
 	nt := rep.NonTarget
 	positive("non-target entries", float64(nt.Entries))

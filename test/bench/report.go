@@ -317,6 +317,17 @@ func (s *scaleResult) print(tb *table) {
 			pair(x.Handoff), pair(x.RawHandoff), pair(x.Protected), pair(x.Unprotected), pair(x.Acquire), create)
 	}
 	tb.flush()
+	s.printStages(tb)
+	for _, x := range s.Sizes {
+		h := x.HandoffWrites
+		fmt.Fprintf(tb.out, "handoff writes at %d, the API server's own time (apiserver_request_duration_seconds): release PATCH p50/p99 %s/%s ms, registry status PUT %s/%s ms\n",
+			x.Resources, fmtF(h.ReleaseP50), fmtF(h.ReleaseP99), fmtF(h.RegistryP50), fmtF(h.RegistryP99))
+	}
+	for _, x := range s.Sizes {
+		w := x.Webhook
+		fmt.Fprintf(tb.out, "webhook at %d, UPDATEs during the protected and unprotected updates: the operator's handler p50/p99 %s/%s ms (its registry read %s/%s ms), the API server's call to it %s/%s ms (coarse buckets)\n",
+			x.Resources, fmtF(w.HandlerP50), fmtF(w.HandlerP99), fmtF(w.ReadP50), fmtF(w.ReadP99), fmtF(w.CallP50), fmtF(w.CallP99))
+	}
 	fmt.Fprintf(tb.out, "memory: %s\n", s.MemorySource)
 	for _, x := range s.Sizes {
 		if x.CreateError != "" {
@@ -328,6 +339,33 @@ func (s *scaleResult) print(tb *table) {
 			f.Resources, f.KillToTakeoverMs/1000, f.FirstServedMs/1000, f.Behind+f.Fresh-f.Unserved, f.AllServedMs/1000, f.Unserved,
 			f.TakeoverWrites, f.SettledMs/1000, f.StandbyRSSMiB, f.LeaderPeakMiB)
 	}
+}
+
+// printStages writes where the release handoff's time went at each size,
+// step by step: the step whose p99 grows with the registry is where the
+// scale handoff line's growth comes from.
+func (s *scaleResult) printStages(tb *table) {
+	if len(s.Sizes) == 0 || len(s.Sizes[0].HandoffStages) == 0 {
+		return
+	}
+	tb.section("   where a release handoff's time goes at each size (p50 / p99, ms after Release was called)")
+	head := []any{"step"}
+	for _, x := range s.Sizes {
+		head = append(head, x.Resources)
+	}
+	tb.row(head...)
+	for i, st := range s.Sizes[0].HandoffStages {
+		row := []any{st.Name}
+		for _, x := range s.Sizes {
+			cell := ""
+			if i < len(x.HandoffStages) && x.HandoffStages[i].Name == st.Name {
+				cell = fmtF(x.HandoffStages[i].P50) + " / " + fmtF(x.HandoffStages[i].P99)
+			}
+			row = append(row, cell)
+		}
+		tb.row(row...)
+	}
+	tb.flush()
 }
 
 // printTargets writes the targets and their results, then ends the table.

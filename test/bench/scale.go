@@ -39,9 +39,20 @@ type scaleSize struct {
 	Handoff         dist    `json:"release_handoff"`
 	// RawHandoff: the raw Lease CAS + watch handoff at the same size, the
 	// control for what the platform itself does as it fills up.
-	RawHandoff  dist `json:"raw_lease_handoff"`
-	Protected   dist `json:"protected_update"`
-	Unprotected dist `json:"unprotected_update"`
+	RawHandoff dist `json:"raw_lease_handoff"`
+	// HandoffStages: where the release handoff's time goes at this size
+	// (ms after Release was called), so that growth shows its step.
+	HandoffStages []stage `json:"release_handoff_stages"`
+	// HandoffWrites: the API server's own time for the handoff's two
+	// writes while the handoffs ran (apiserver_request_duration_seconds).
+	HandoffWrites handoffWrites `json:"release_handoff_writes"`
+	Protected     dist          `json:"protected_update"`
+	Unprotected   dist          `json:"unprotected_update"`
+	// Webhook: during the protected and unprotected updates, the operator's
+	// handler (fencekeeper_admission_duration_seconds) and the API server's
+	// call to it (apiserver_admission_webhook_admission_duration_seconds),
+	// UPDATEs only: whose time grows with the registry.
+	Webhook scaleWebhook `json:"webhook_updates"`
 	// Acquire: uncontended Acquire (LockGrant create → HELD) on a fresh resource.
 	Acquire dist `json:"uncontended_acquire"`
 	// CreateWithTarget: creating a FencedResource with a target in the loaded
@@ -120,9 +131,11 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 			e.heapProfiles(ctx, cfg, fmt.Sprintf("scale-%d", size), log)
 			stopProfiles = e.startProfiles(ctx, cfg, fmt.Sprintf("scale-%d", size), log)
 		}
-		if x.Handoff, x.RawHandoff, err = e.scaleHandoffs(ctx, ns, ph, size, cfg); err != nil {
+		apiBefore, _ := e.apiserverMetrics(ctx)
+		if x.Handoff, x.RawHandoff, x.HandoffStages, err = e.scaleHandoffs(ctx, ns, ph, size, cfg); err != nil {
 			return err
 		}
+		x.HandoffWrites = e.handoffWriteLatency(ctx, apiBefore)
 
 		if x.Acquire, err = e.uncontendedAcquires(ctx, ns, lc, size); err != nil {
 			return err
@@ -131,10 +144,13 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		if _, _, err := interleaved(ctx, pairs, 50, 10); err != nil {
 			return err
 		}
+		opBefore, _ := e.op.Metrics(ctx)
+		apiBefore, _ = e.apiserverMetrics(ctx)
 		prot, unprot, err := interleaved(ctx, pairs, 50, cfg.scaleWebhook)
 		if err != nil {
 			return err
 		}
+		x.Webhook = e.scaleWebhookLatency(ctx, opBefore, apiBefore)
 		x.Protected, x.Unprotected = summarize(prot), summarize(unprot)
 		if stopProfiles != nil {
 			stopProfiles()
@@ -192,6 +208,65 @@ func (r *report) judgeScale(s *scaleResult, rssLimit float64) {
 		fmt.Sprintf("protected update p99 %s ms at %d over %s ms at %d, measured in the same run", fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources))
 	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), fmt.Sprintf("peak RSS ≤ %s MiB", fmtF(rssLimit)), big.OperatorPeakMiB, atMost(rssLimit), "MiB",
 		fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
+}
+
+// scaleWebhook is where a ConfigMap update's webhook time went at one size:
+// p50 and p99 in ms, interpolated within the histograms' coarse buckets.
+type scaleWebhook struct {
+	HandlerP50 float64 `json:"operator_handler_p50_ms"`
+	HandlerP99 float64 `json:"operator_handler_p99_ms"`
+	// ReadP50, ReadP99: the handler's linearizable registry GET, which
+	// protected writes make (fencekeeper_admission_registry_read_seconds).
+	ReadP50 float64 `json:"operator_registry_read_p50_ms"`
+	ReadP99 float64 `json:"operator_registry_read_p99_ms"`
+	CallP50 float64 `json:"apiserver_call_p50_ms"`
+	CallP99 float64 `json:"apiserver_call_p99_ms"`
+}
+
+// scaleWebhookLatency reads both histograms again and keeps what the
+// updates since opBefore and apiBefore added (zero where a scrape failed).
+func (e *env) scaleWebhookLatency(ctx context.Context, opBefore, apiBefore string) scaleWebhook {
+	var w scaleWebhook
+	if after, err := e.op.Metrics(ctx); err == nil && opBefore != "" {
+		h := histogramDelta(after, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
+		w.HandlerP50, w.HandlerP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+		h = histogramDelta(after, opBefore, "fencekeeper_admission_registry_read_seconds")
+		w.ReadP50, w.ReadP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	}
+	if after, err := e.apiserverMetrics(ctx); err == nil && apiBefore != "" {
+		h := histogramDelta(after, apiBefore, "apiserver_admission_webhook_admission_duration_seconds", `operation="UPDATE"`, `type="validating"`)
+		w.CallP50, w.CallP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	}
+	return w
+}
+
+// handoffWrites is the API server's time for a release handoff's writes:
+// the holder's release (a LockGrant merge PATCH) and the issuer's registry
+// compare-and-swaps (FencedResource status PUTs: the handoff, and the
+// waiter's entry in the queue), p50 and p99 in ms
+// interpolated within its histogram's buckets.
+type handoffWrites struct {
+	ReleaseP50  float64 `json:"release_patch_p50_ms"`
+	ReleaseP99  float64 `json:"release_patch_p99_ms"`
+	RegistryP50 float64 `json:"registry_put_p50_ms"`
+	RegistryP99 float64 `json:"registry_put_p99_ms"`
+}
+
+// handoffWriteLatency reads the API server's request histogram again and
+// keeps what the writes since before added (zero where a scrape failed).
+// The handoffs are the only writers of both kinds meanwhile.
+func (e *env) handoffWriteLatency(ctx context.Context, before string) handoffWrites {
+	var w handoffWrites
+	after, err := e.apiserverMetrics(ctx)
+	if err != nil || before == "" {
+		return w
+	}
+	const name = "apiserver_request_duration_seconds"
+	h := histogramDelta(after, before, name, `resource="lockgrants"`, `subresource=""`, `verb="PATCH"`)
+	w.ReleaseP50, w.ReleaseP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	h = histogramDelta(after, before, name, `resource="fencedresources"`, `subresource="status"`, `verb="PUT"`)
+	w.RegistryP50, w.RegistryP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	return w
 }
 
 // trackPeakRSS keeps peak at the highest RSS of op, sampled every 250 ms
@@ -271,10 +346,12 @@ func (e *env) createsWithTarget(ctx context.Context, ns string, size int, x *sca
 // scaleHandoffs measures release handoffs and the raw Lease handoff (the
 // control) at one size, interleaved in blocks as section 1 does, so that
 // what the machine does meanwhile (a garbage collection in the API server,
-// an etcd compaction) falls on both alike.
-func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int, cfg *config) (fk, raw dist, err error) {
+// an etcd compaction) falls on both alike. stages says where fencekeeper's
+// time went, step by step.
+func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int, cfg *config) (fk, raw dist, stages []stage, err error) {
 	const blocks = 6
 	var hs, rs []time.Duration
+	steps := &handoffStages{}
 	for b := range blocks {
 		n := cfg.scaleHandoffs / blocks
 		if b == blocks-1 {
@@ -287,15 +364,15 @@ func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int
 		}
 		s, err := e.rawHandoffs(ctx, ns, fmt.Sprintf("raw-probe-%d-%d", size, b), warm, n)
 		if err != nil {
-			return fk, raw, fmt.Errorf("raw handoffs at %d: %w", size, err)
+			return fk, raw, nil, fmt.Errorf("raw handoffs at %d: %w", size, err)
 		}
 		rs = append(rs, s...)
-		if s, err = e.releaseHandoffs(ctx, ns, fmt.Sprintf("probe-%d-%d", size, b), ph, warm, n, nil); err != nil {
-			return fk, raw, fmt.Errorf("handoffs at %d: %w", size, err)
+		if s, err = e.releaseHandoffs(ctx, ns, fmt.Sprintf("probe-%d-%d", size, b), ph, warm, n, steps); err != nil {
+			return fk, raw, nil, fmt.Errorf("handoffs at %d: %w", size, err)
 		}
 		hs = append(hs, s...)
 	}
-	return summarize(hs), summarize(rs), nil
+	return summarize(hs), summarize(rs), stagesOf(steps, "Released"), nil
 }
 
 // load brings the namespace from `from` to `to` FencedResources, the first
