@@ -346,8 +346,11 @@ func (e *env) createsWithTarget(ctx context.Context, ns string, size int, x *sca
 // scaleHandoffs measures release handoffs and the raw Lease handoff (the
 // control) at one size, interleaved in blocks as section 1 does, so that
 // what the machine does meanwhile (a garbage collection in the API server,
-// an etcd compaction) falls on both alike. stages says where fencekeeper's
-// time went, step by step.
+// an etcd compaction) falls on both alike. Not so the API server's cache
+// consistency check, which decodes every entry every 5 to 7.5 minutes: it
+// lands on one block, either side's (docs/performance.md, "Where the scale
+// handoff's p99 grows"). stages says where fencekeeper's time went, step
+// by step.
 func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int, cfg *config) (fk, raw dist, stages []stage, err error) {
 	const blocks = 6
 	var hs, rs []time.Duration
