@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"reflect"
 	"sort"
@@ -81,8 +82,14 @@ func deepCopyFinite(v reflect.Value) reflect.Value {
 	case reflect.Struct:
 		out := reflect.New(v.Type()).Elem()
 		for i := range v.NumField() {
-			if out.Field(i).CanSet() {
+			switch f := v.Type().Field(i); {
+			case out.Field(i).CanSet():
 				out.Field(i).Set(deepCopyFinite(v.Field(i)))
+			case f.Anonymous && f.Type.Kind() == reflect.Struct:
+				// encoding/json writes the exported fields of an embedded
+				// unexported struct; this copy cannot set them and would
+				// write them as zeros.
+				panic(fmt.Sprintf("marshalFinite: %s embeds the unexported %s: name the field", v.Type(), f.Type))
 			}
 		}
 		return out

@@ -74,3 +74,16 @@ func TestResultsWithoutFigures(t *testing.T) {
 		t.Error("the report itself was changed")
 	}
 }
+
+// A figure in an embedded unexported struct would be written as zero: the
+// copy refuses such a type instead.
+func TestResultsRefuseAnEmbeddedUnexportedStruct(t *testing.T) {
+	type inner struct{ P99 float64 }
+	type outer struct{ inner }
+	defer func() {
+		if recover() == nil {
+			t.Error("marshalFinite wrote an embedded unexported struct")
+		}
+	}()
+	_, _ = marshalFinite(outer{inner{P99: 1}})
+}
