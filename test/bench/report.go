@@ -288,9 +288,9 @@ func (w *webhookResult) print(tb *table) {
 	}
 	tb.flush()
 	fmt.Fprintln(tb.out, "  unprotected: the twin without the protected label; in this namespace (it holds FencedResources) it still calls the webhook, which finds the entry its copied annotation names in its cache and reads nothing (that entry targets another object) — section 6 has writes the webhook never sees")
-	fmt.Fprintf(tb.out, "webhook handler, protected and twin writes together (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.AdmissionP50), fmtF(w.AdmissionP99))
-	fmt.Fprintf(tb.out, "  of which the registry read of protected writes (fencekeeper_admission_registry_read_seconds, %.0f reads): p50≈%s ms, p99≈%s ms\n", w.RegistryReads, fmtF(w.RegistryReadP50), fmtF(w.RegistryReadP99))
-	fmt.Fprintf(tb.out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.APIServerWebhookP50), fmtF(w.APIServerWebhookP99))
+	fmt.Fprintf(tb.out, "webhook handler, protected and twin writes together (operator's fencekeeper_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.Updates.HandlerP50), fmtF(w.Updates.HandlerP99))
+	fmt.Fprintf(tb.out, "  of which the registry read of protected writes (fencekeeper_admission_registry_read_seconds, %.0f reads): p50≈%s ms, p99≈%s ms\n", w.Updates.Reads, fmtF(w.Updates.ReadP50), fmtF(w.Updates.ReadP99))
+	fmt.Fprintf(tb.out, "webhook call (API server's apiserver_admission_webhook_admission_duration_seconds): p50≈%s ms, p99≈%s ms\n", fmtF(w.Updates.CallP50), fmtF(w.Updates.CallP99))
 	fmt.Fprintf(tb.out, "  (both interpolated within coarse histogram buckets)\n")
 	fmt.Fprintln(tb.out, "  registry GET: a client's GET of a pair's FencedResource (the read the webhook makes on every protected write), sent in the same open loop as the updates at half their rate")
 	fmt.Fprintf(tb.out, "the same registry GET alone (quiet API server, sequential at %g/s): p50 %s ms, p99 %s ms (n=%d)\n",

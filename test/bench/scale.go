@@ -52,7 +52,7 @@ type scaleSize struct {
 	// handler (fencekeeper_admission_duration_seconds) and the API server's
 	// call to it (apiserver_admission_webhook_admission_duration_seconds),
 	// UPDATEs only: whose time grows with the registry.
-	Webhook scaleWebhook `json:"webhook_updates"`
+	Webhook webhookTimes `json:"webhook_updates"`
 	// Acquire: uncontended Acquire (LockGrant create → HELD) on a fresh resource.
 	Acquire dist `json:"uncontended_acquire"`
 	// CreateWithTarget: creating a FencedResource with a target in the loaded
@@ -150,7 +150,8 @@ func (r *report) scale(ctx context.Context, e *env, cfg *config, log io.Writer) 
 		if err != nil {
 			return err
 		}
-		x.Webhook = e.scaleWebhookLatency(ctx, opBefore, apiBefore)
+		// Both webhooks: the unprotected twins go through vprotected-enrolled.
+		x.Webhook = e.webhookTimesSince(ctx, opBefore, apiBefore, `type="validating"`)
 		x.Protected, x.Unprotected = summarize(prot), summarize(unprot)
 		if stopProfiles != nil {
 			stopProfiles()
@@ -208,36 +209,6 @@ func (r *report) judgeScale(s *scaleResult, rssLimit float64) {
 		fmt.Sprintf("protected update p99 %s ms at %d over %s ms at %d, measured in the same run", fmtF(big.Protected.P99), big.Resources, fmtF(small.Protected.P99), small.Resources))
 	r.judge(fmt.Sprintf("operator RSS at %d", big.Resources), fmt.Sprintf("peak RSS ≤ %s MiB", fmtF(rssLimit)), big.OperatorPeakMiB, atMost(rssLimit), "MiB",
 		fmt.Sprintf("after load %s MiB, peak %s MiB, Go heap %s MiB (%s)", fmtF(big.OperatorRSSMiB), fmtF(big.OperatorPeakMiB), fmtF(big.OperatorHeapMiB), s.MemorySource))
-}
-
-// scaleWebhook is where a ConfigMap update's webhook time went at one size:
-// p50 and p99 in ms, interpolated within the histograms' coarse buckets.
-type scaleWebhook struct {
-	HandlerP50 float64 `json:"operator_handler_p50_ms"`
-	HandlerP99 float64 `json:"operator_handler_p99_ms"`
-	// ReadP50, ReadP99: the handler's linearizable registry GET, which
-	// protected writes make (fencekeeper_admission_registry_read_seconds).
-	ReadP50 float64 `json:"operator_registry_read_p50_ms"`
-	ReadP99 float64 `json:"operator_registry_read_p99_ms"`
-	CallP50 float64 `json:"apiserver_call_p50_ms"`
-	CallP99 float64 `json:"apiserver_call_p99_ms"`
-}
-
-// scaleWebhookLatency reads both histograms again and keeps what the
-// updates since opBefore and apiBefore added (zero where a scrape failed).
-func (e *env) scaleWebhookLatency(ctx context.Context, opBefore, apiBefore string) scaleWebhook {
-	var w scaleWebhook
-	if after, err := e.op.Metrics(ctx); err == nil && opBefore != "" {
-		h := histogramDelta(after, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
-		w.HandlerP50, w.HandlerP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
-		h = histogramDelta(after, opBefore, "fencekeeper_admission_registry_read_seconds")
-		w.ReadP50, w.ReadP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
-	}
-	if after, err := e.apiserverMetrics(ctx); err == nil && apiBefore != "" {
-		h := histogramDelta(after, apiBefore, "apiserver_admission_webhook_admission_duration_seconds", `operation="UPDATE"`, `type="validating"`)
-		w.CallP50, w.CallP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
-	}
-	return w
 }
 
 // handoffWrites is the API server's time for a release handoff's writes:

@@ -25,19 +25,10 @@ type webhookResult struct {
 	Pairs   int           `json:"configmap_pairs"`
 	Rates   []webhookRate `json:"rates"`
 	samples []webhookSamples
-	// AdmissionP50/P99: the operator's own fencekeeper_admission_duration_seconds
-	// over the phase, interpolated within histogram buckets.
-	AdmissionP50 float64 `json:"operator_admission_p50_ms"`
-	AdmissionP99 float64 `json:"operator_admission_p99_ms"`
-	// RegistryReadP50/P99: the webhook's own linearizable GET of the entry
-	// (fencekeeper_admission_registry_read_seconds), protected writes only.
-	RegistryReadP50 float64 `json:"operator_registry_read_p50_ms"`
-	RegistryReadP99 float64 `json:"operator_registry_read_p99_ms"`
-	RegistryReads   float64 `json:"operator_registry_reads"`
-	// APIServerWebhookP50/P99: the API server's view of the call
-	// (apiserver_admission_webhook_admission_duration_seconds, UPDATE).
-	APIServerWebhookP50 float64 `json:"apiserver_webhook_call_p50_ms"`
-	APIServerWebhookP99 float64 `json:"apiserver_webhook_call_p99_ms"`
+	// Updates: the webhook's time over the phase's updates, from the
+	// operator's and the API server's histograms (the call to vprotected
+	// only).
+	Updates webhookTimes `json:"webhook_updates"`
 	// RegistryGetAlone: a client's GET of a FencedResource on an otherwise
 	// quiet API server, sequential at RegistryGetRate (for comparison; the
 	// targets use each rate's interleaved RegistryGet).
@@ -366,17 +357,45 @@ func (r *report) webhook(ctx context.Context, e *env, cfg *config, log io.Writer
 		r.judgeTail(fmt.Sprintf("protected write against unprotected @%g/s", x.Rate), "p99 ≤ 2× the unprotected update's p99", x.P99RatioReps, atMost(2), "×",
 			fmt.Sprintf("pooled: %s×", fmtF(x.P99Ratio)))
 	}
-	if opAfter, err := e.op.Metrics(ctx); err == nil {
-		h := histogramDelta(opAfter, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
-		w.AdmissionP50, w.AdmissionP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
-		h = histogramDelta(opAfter, opBefore, "fencekeeper_admission_registry_read_seconds")
-		w.RegistryReadP50, w.RegistryReadP99, w.RegistryReads = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3, h.total()
-	}
-	if apiAfter, err := e.apiserverMetrics(ctx); err == nil {
-		h := histogramDelta(apiAfter, apiBefore, "apiserver_admission_webhook_admission_duration_seconds", `name="vprotected.fencekeeper.dev"`, `operation="UPDATE"`)
-		w.APIServerWebhookP50, w.APIServerWebhookP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
-	}
+	w.Updates = e.webhookTimesSince(ctx, opBefore, apiBefore, `name="vprotected.fencekeeper.dev"`)
 	return nil
+}
+
+// webhookTimes is where the ConfigMap UPDATEs' webhook time went over a
+// phase: p50 and p99 in ms, interpolated within the histograms' coarse
+// buckets.
+type webhookTimes struct {
+	// HandlerP50/P99: the operator's fencekeeper_admission_duration_seconds.
+	HandlerP50 float64 `json:"operator_handler_p50_ms"`
+	HandlerP99 float64 `json:"operator_handler_p99_ms"`
+	// ReadP50/P99: the handler's linearizable GET of the entry
+	// (fencekeeper_admission_registry_read_seconds), which protected writes
+	// make; Reads counts them.
+	ReadP50 float64 `json:"operator_registry_read_p50_ms"`
+	ReadP99 float64 `json:"operator_registry_read_p99_ms"`
+	Reads   float64 `json:"operator_registry_reads"`
+	// CallP50/P99: the API server's view of the call
+	// (apiserver_admission_webhook_admission_duration_seconds).
+	CallP50 float64 `json:"apiserver_webhook_call_p50_ms"`
+	CallP99 float64 `json:"apiserver_webhook_call_p99_ms"`
+}
+
+// webhookTimesSince scrapes both processes again and keeps what the UPDATEs
+// since opBefore and apiBefore added; callFilters pick the API server's
+// webhook series. A figure whose scrape failed stays zero.
+func (e *env) webhookTimesSince(ctx context.Context, opBefore, apiBefore string, callFilters ...string) webhookTimes {
+	var w webhookTimes
+	if after, err := e.op.Metrics(ctx); err == nil && opBefore != "" {
+		h := histogramDelta(after, opBefore, "fencekeeper_admission_duration_seconds", `operation="UPDATE"`)
+		w.HandlerP50, w.HandlerP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+		h = histogramDelta(after, opBefore, "fencekeeper_admission_registry_read_seconds")
+		w.ReadP50, w.ReadP99, w.Reads = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3, h.total()
+	}
+	if after, err := e.apiserverMetrics(ctx); err == nil && apiBefore != "" {
+		h := histogramDelta(after, apiBefore, "apiserver_admission_webhook_admission_duration_seconds", append([]string{`operation="UPDATE"`}, callFilters...)...)
+		w.CallP50, w.CallP99 = h.quantile(0.5)*1e3, h.quantile(0.99)*1e3
+	}
+	return w
 }
 
 func (e *env) apiserverMetrics(ctx context.Context) (string, error) {
