@@ -130,103 +130,164 @@ type acquired struct {
 	err  error
 }
 
-// releaseHandoffs measures fencekeeper's release handoff on one resource:
-// holder A releases (lockclient Lock.Release) while waiter B is queued
-// (Pending) and following the registry; the sample ends when B's Acquire
-// returns HELD with fence+1. Holder and waiter alternate between two workers.
-// ph follows the namespace's LockGrants and FencedResources; nil starts
-// followers of its own (each begins with a LIST of the namespace).
+// handoffLoop is one resource handed back and forth between two workers,
+// one handoff per step. Steps of two loops can alternate, so that what the
+// machine does meanwhile falls on both sample by sample.
+type handoffLoop interface {
+	// step makes one handoff; sampled is false when it could not be timed
+	// (a liveness failure the loop recorded and recovered from).
+	step(ctx context.Context, record bool) (d time.Duration, sampled bool, err error)
+	// close releases the last holder and stops the loop's watches.
+	close(ctx context.Context) error
+}
+
+// runHandoffs steps l warmup+n times and returns the n timed handoffs.
+func runHandoffs(ctx context.Context, l handoffLoop, warmup, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for i := 0; i < warmup+n; i++ {
+		d, sampled, err := l.step(ctx, i >= warmup)
+		if err != nil {
+			_ = l.close(ctx)
+			return nil, err
+		}
+		if sampled && i >= warmup {
+			out = append(out, d)
+		}
+	}
+	return out, l.close(ctx)
+}
+
+// releaseHandoffs measures fencekeeper's release handoff on one resource
+// (see releaseLoop).
 func (e *env) releaseHandoffs(ctx context.Context, ns, resource string, ph *phases, warmup, n int, stages *handoffStages) ([]time.Duration, error) {
-	if err := e.fencedResource(ctx, ns, resource, 60, ""); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var err error
-	if ph == nil {
-		if ph, err = e.followPhases(ctx, ns); err != nil {
-			return nil, err
-		}
-		if err = e.followFences(ctx, ns, ph); err != nil {
-			return nil, err
-		}
-	}
-	var workers [2]*signalledWorker
-	for i := range workers {
-		if workers[i], err = e.signalledWorker(ctx, ns); err != nil {
-			return nil, err
-		}
-	}
-	holder, err := workers[0].c.Acquire(ctx, resource, lockclient.AcquireOptions{})
+	l, err := e.newReleaseLoop(ctx, ns, resource, ph, stages)
 	if err != nil {
 		return nil, err
 	}
-	var out []time.Duration
-	for i := 0; i < warmup+n; i++ {
-		next := workers[(i+1)%2]
-		reqID := lockclient.NewRequestID()
-		watching := next.sig.arm()
-		ch := make(chan acquired, 1)
-		go func() {
-			l, err := next.c.Acquire(ctx, resource, lockclient.AcquireOptions{RequestID: reqID})
-			ch <- acquired{l, time.Now(), err}
-		}()
-		if err := e.waitQueued(ctx, ph, ns, resource, next.c.LockGrantName(resource, reqID)); err != nil {
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			// Not seen queued: a liveness failure, counted and judged;
-			// the handoff goes on unsampled.
-			e.mu.Lock()
-			e.stalls = append(e.stalls, err.Error())
-			e.mu.Unlock()
-			fmt.Fprintf(e.log, "   STALL: %v\n", err)
-			if err := holder.Release(ctx); err != nil {
-				return nil, fmt.Errorf("release after a stall: %w", err)
-			}
-			select {
-			case r := <-ch:
-				if r.err != nil {
-					return nil, fmt.Errorf("waiter acquire after a stall: %w", r.err)
-				}
-				holder = r.lock
-			case <-time.After(time.Minute):
-				return nil, fmt.Errorf("the waiter did not hold within a minute of the release after a stall: %w", err)
-			}
-			continue
-		}
-		select {
-		case <-watching:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		t0 := time.Now()
-		if err := holder.Release(ctx); err != nil {
-			return nil, fmt.Errorf("release: %w", err)
-		}
-		r := <-ch
-		if r.err != nil {
-			return nil, fmt.Errorf("waiter acquire: %w", r.err)
-		}
-		if r.lock.Fence() != holder.Fence()+1 {
-			return nil, fmt.Errorf("handoff %d: waiter got fence %d after fence %d", i, r.lock.Fence(), holder.Fence())
-		}
-		if i >= warmup {
-			out = append(out, r.at.Sub(t0))
-			if stages != nil {
-				// The waiter returns on the registry's record; its LockGrant
-				// mirror follows: wait for it, to report when it became visible.
-				if _, err := ph.wait(ctx, r.lock.Name(), locksv1.PhaseHeld, locksv1.PhaseReleased); err != nil {
-					return nil, err
-				}
-				prev := workers[i%2]
-				stages.add(t0, prev.sig.lastPut(), ph.fenceSeen(resource, r.lock.Fence()),
-					ph.seen(holder.Name(), locksv1.PhaseReleased), ph.seen(r.lock.Name(), locksv1.PhaseHeld), r.at)
-			}
-		}
-		holder = r.lock
+	return runHandoffs(ctx, l, warmup, n)
+}
+
+// releaseLoop: holder A releases (lockclient Lock.Release) while waiter B
+// is queued (Pending) and following the registry; the sample ends when B's
+// Acquire returns HELD with fence+1. Holder and waiter alternate between
+// two workers. ph follows the namespace's LockGrants and FencedResources;
+// nil starts followers of its own (each begins with a LIST of the
+// namespace). stages, when not nil, gets each recorded handoff's steps.
+type releaseLoop struct {
+	e            *env
+	ns, resource string
+	ph           *phases
+	stages       *handoffStages
+	workers      [2]*signalledWorker
+	holder       *lockclient.Lock
+	handoffs     int
+	stop         context.CancelFunc
+}
+
+func (e *env) newReleaseLoop(ctx context.Context, ns, resource string, ph *phases, stages *handoffStages) (*releaseLoop, error) {
+	if err := e.fencedResource(ctx, ns, resource, 60, ""); err != nil {
+		return nil, err
 	}
-	return out, holder.Release(ctx)
+	// The workers' and followers' watches live until close.
+	ctx, cancel := context.WithCancel(ctx)
+	l := &releaseLoop{e: e, ns: ns, resource: resource, ph: ph, stages: stages, stop: cancel}
+	err := l.start(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *releaseLoop) start(ctx context.Context) error {
+	var err error
+	if l.ph == nil {
+		if l.ph, err = l.e.followPhases(ctx, l.ns); err != nil {
+			return err
+		}
+		if err = l.e.followFences(ctx, l.ns, l.ph); err != nil {
+			return err
+		}
+	}
+	for i := range l.workers {
+		if l.workers[i], err = l.e.signalledWorker(ctx, l.ns); err != nil {
+			return err
+		}
+	}
+	l.holder, err = l.workers[0].c.Acquire(ctx, l.resource, lockclient.AcquireOptions{})
+	return err
+}
+
+func (l *releaseLoop) close(ctx context.Context) error {
+	defer l.stop()
+	return l.holder.Release(ctx)
+}
+
+func (l *releaseLoop) step(ctx context.Context, record bool) (time.Duration, bool, error) {
+	prev, next := l.workers[l.handoffs%2], l.workers[(l.handoffs+1)%2]
+	l.handoffs++
+	reqID := lockclient.NewRequestID()
+	watching := next.sig.arm()
+	ch := make(chan acquired, 1)
+	go func() {
+		lock, err := next.c.Acquire(ctx, l.resource, lockclient.AcquireOptions{RequestID: reqID})
+		ch <- acquired{lock, time.Now(), err}
+	}()
+	if err := l.e.waitQueued(ctx, l.ph, l.ns, l.resource, next.c.LockGrantName(l.resource, reqID)); err != nil {
+		if ctx.Err() != nil {
+			return 0, false, err
+		}
+		return 0, false, l.afterStall(ctx, err, ch)
+	}
+	select {
+	case <-watching:
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	}
+	t0 := time.Now()
+	if err := l.holder.Release(ctx); err != nil {
+		return 0, false, fmt.Errorf("release: %w", err)
+	}
+	r := <-ch
+	if r.err != nil {
+		return 0, false, fmt.Errorf("waiter acquire: %w", r.err)
+	}
+	if r.lock.Fence() != l.holder.Fence()+1 {
+		return 0, false, fmt.Errorf("handoff %d: waiter got fence %d after fence %d", l.handoffs, r.lock.Fence(), l.holder.Fence())
+	}
+	if record && l.stages != nil {
+		// The waiter returns on the registry's record; its LockGrant
+		// mirror follows: wait for it, to report when it became visible.
+		if _, err := l.ph.wait(ctx, r.lock.Name(), locksv1.PhaseHeld, locksv1.PhaseReleased); err != nil {
+			return 0, false, err
+		}
+		l.stages.add(t0, prev.sig.lastPut(), l.ph.fenceSeen(l.resource, r.lock.Fence()),
+			l.ph.seen(l.holder.Name(), locksv1.PhaseReleased), l.ph.seen(r.lock.Name(), locksv1.PhaseHeld), r.at)
+	}
+	l.holder = r.lock
+	return r.at.Sub(t0), true, nil
+}
+
+// afterStall: the waiter was not seen queued, a liveness failure, counted
+// and judged; the handoff goes on unsampled.
+func (l *releaseLoop) afterStall(ctx context.Context, stall error, ch <-chan acquired) error {
+	l.e.mu.Lock()
+	l.e.stalls = append(l.e.stalls, stall.Error())
+	l.e.mu.Unlock()
+	fmt.Fprintf(l.e.log, "   STALL: %v\n", stall)
+	if err := l.holder.Release(ctx); err != nil {
+		return fmt.Errorf("release after a stall: %w", err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return fmt.Errorf("waiter acquire after a stall: %w", r.err)
+		}
+		l.holder = r.lock
+		return nil
+	case <-time.After(time.Minute):
+		return fmt.Errorf("the waiter did not hold within a minute of the release after a stall: %w", stall)
+	}
 }
 
 // waitQueued waits until the LockGrant name is queued behind the holder
@@ -397,61 +458,77 @@ func fenceOf(l *coordinationv1.Lease) int32 {
 	return *l.Spec.LeaseTransitions
 }
 
-// rawHandoffs measures the raw handoff: the holder's release CAS starts the
-// sample; it ends when the waiter, woken by its watch, wins its CAS.
+// rawHandoffs measures the raw handoff on one Lease (see rawLoop).
 func (e *env) rawHandoffs(ctx context.Context, ns, name string, warmup, n int) ([]time.Duration, error) {
-	var locks [2]*rawLease
-	for i := range locks {
+	l, err := e.newRawLoop(ctx, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	return runHandoffs(ctx, l, warmup, n)
+}
+
+// rawLoop: the holder's release CAS starts the sample; it ends when the
+// waiter, woken by its watch, wins its CAS.
+type rawLoop struct {
+	locks  [2]*rawLease
+	holder *rawLease
+	held   *coordinationv1.Lease
+	// handoffs made so far: the holder is locks[handoffs%2].
+	handoffs int
+}
+
+func (e *env) newRawLoop(ctx context.Context, ns, name string) (*rawLoop, error) {
+	l := &rawLoop{}
+	for i := range l.locks {
 		cs, id, err := e.rawWorker()
 		if err != nil {
 			return nil, err
 		}
-		locks[i] = &rawLease{cs: cs, ns: ns, name: name, id: id}
+		l.locks[i] = &rawLease{cs: cs, ns: ns, name: name, id: id}
 	}
-	if err := createRawLease(ctx, locks[0].cs, ns, name); err != nil {
+	if err := createRawLease(ctx, l.locks[0].cs, ns, name); err != nil {
 		return nil, err
 	}
-	held, err := locks[0].acquire(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	holder := locks[0]
-	var out []time.Duration
+	var err error
+	l.holder = l.locks[0]
+	l.held, err = l.holder.acquire(ctx, nil)
+	return l, err
+}
+
+func (l *rawLoop) close(ctx context.Context) error { return l.holder.release(ctx, l.held) }
+
+func (l *rawLoop) step(ctx context.Context, _ bool) (time.Duration, bool, error) {
 	type res struct {
 		l   *coordinationv1.Lease
 		at  time.Time
 		err error
 	}
-	for i := 0; i < warmup+n; i++ {
-		next := locks[(i+1)%2]
-		watching := make(chan struct{})
-		ch := make(chan res, 1)
-		go func() {
-			l, err := next.acquire(ctx, watching)
-			ch <- res{l, time.Now(), err}
-		}()
-		select {
-		case <-watching:
-		case r := <-ch:
-			return nil, fmt.Errorf("raw waiter returned before the holder released: %v", r.err)
-		}
-		t0 := time.Now()
-		if err := holder.release(ctx, held); err != nil {
-			return nil, err
-		}
-		r := <-ch
-		if r.err != nil {
-			return nil, r.err
-		}
-		if fenceOf(r.l) != fenceOf(held)+1 {
-			return nil, fmt.Errorf("raw handoff %d: fence %d after %d", i, fenceOf(r.l), fenceOf(held))
-		}
-		if i >= warmup {
-			out = append(out, r.at.Sub(t0))
-		}
-		held, holder = r.l, next
+	next := l.locks[(l.handoffs+1)%2]
+	l.handoffs++
+	watching := make(chan struct{})
+	ch := make(chan res, 1)
+	go func() {
+		got, err := next.acquire(ctx, watching)
+		ch <- res{got, time.Now(), err}
+	}()
+	select {
+	case <-watching:
+	case r := <-ch:
+		return 0, false, fmt.Errorf("raw waiter returned before the holder released: %v", r.err)
 	}
-	return out, holder.release(ctx, held)
+	t0 := time.Now()
+	if err := l.holder.release(ctx, l.held); err != nil {
+		return 0, false, err
+	}
+	r := <-ch
+	if r.err != nil {
+		return 0, false, r.err
+	}
+	if fenceOf(r.l) != fenceOf(l.held)+1 {
+		return 0, false, fmt.Errorf("raw handoff %d: fence %d after %d", l.handoffs, fenceOf(r.l), fenceOf(l.held))
+	}
+	l.held, l.holder = r.l, next
+	return r.at.Sub(t0), true, nil
 }
 
 // --- client-go leaderelection with ReleaseOnCancel ---------------------------

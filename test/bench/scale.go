@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -315,13 +316,14 @@ func (e *env) createsWithTarget(ctx context.Context, ns string, size int, x *sca
 }
 
 // scaleHandoffs measures release handoffs and the raw Lease handoff (the
-// control) at one size, interleaved in blocks as section 1 does, so that
-// what the machine does meanwhile (a garbage collection in the API server,
-// an etcd compaction) falls on both alike. Not so the API server's cache
-// consistency check, which decodes every entry every 5 to 7.5 minutes: it
-// lands on one block, either side's (docs/performance.md, "Where the scale
-// handoff's p99 grows"). stages says where fencekeeper's time went, step
-// by step.
+// control) at one size, alternating sample by sample, the first of each
+// pair alternating too, so that what the machine does meanwhile falls on
+// both alike: a garbage collection in the API server, an etcd compaction,
+// and the API server's cache consistency check, which decodes every entry
+// every 5 to 7.5 minutes for seconds at a time (docs/performance.md, "Where
+// the scale handoff's p99 grows"). Each of the blocks starts on fresh
+// resources and fresh watches. stages says where fencekeeper's time went,
+// step by step.
 func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int, cfg *config) (fk, raw dist, stages []stage, err error) {
 	const blocks = 6
 	var hs, rs []time.Duration
@@ -331,22 +333,65 @@ func (e *env) scaleHandoffs(ctx context.Context, ns string, ph *phases, size int
 		if b == blocks-1 {
 			n = cfg.scaleHandoffs - n*(blocks-1)
 		}
-		// Every block starts on a fresh resource and fresh watches.
 		warm := min(5, cfg.warmup)
 		if b == 0 {
 			warm = min(20, cfg.warmup)
 		}
-		s, err := e.rawHandoffs(ctx, ns, fmt.Sprintf("raw-probe-%d-%d", size, b), warm, n)
+		bh, br, err := e.alternateHandoffs(ctx, ns, fmt.Sprintf("%d-%d", size, b), ph, warm, n, steps)
 		if err != nil {
-			return fk, raw, nil, fmt.Errorf("raw handoffs at %d: %w", size, err)
-		}
-		rs = append(rs, s...)
-		if s, err = e.releaseHandoffs(ctx, ns, fmt.Sprintf("probe-%d-%d", size, b), ph, warm, n, steps); err != nil {
 			return fk, raw, nil, fmt.Errorf("handoffs at %d: %w", size, err)
 		}
-		hs = append(hs, s...)
+		hs, rs = append(hs, bh...), append(rs, br...)
 	}
 	return summarize(hs), summarize(rs), stagesOf(steps, "Released"), nil
+}
+
+// alternateHandoffs runs a fencekeeper loop (probe-<suffix>) and a raw
+// Lease loop (raw-probe-<suffix>) side by side: warmup+n pairs, one
+// handoff of each, the pair's order alternating; the first warmup pairs
+// are not timed.
+func (e *env) alternateHandoffs(ctx context.Context, ns, suffix string, ph *phases, warmup, n int, steps *handoffStages) (fk, raw []time.Duration, err error) {
+	rl, err := e.newRawLoop(ctx, ns, "raw-probe-"+suffix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("raw: %w", err)
+	}
+	fl, err := e.newReleaseLoop(ctx, ns, "probe-"+suffix, ph, steps)
+	if err != nil {
+		_ = rl.close(ctx)
+		return nil, nil, err
+	}
+	defer func() {
+		err = errors.Join(err, wrapErr("raw", rl.close(ctx)), wrapErr("fencekeeper", fl.close(ctx)))
+	}()
+	type loop struct {
+		name string
+		l    handoffLoop
+		out  *[]time.Duration
+	}
+	fkLoop, rawLoop := loop{"fencekeeper", fl, &fk}, loop{"raw", rl, &raw}
+	one := func(x loop, record bool) error {
+		d, sampled, err := x.l.step(ctx, record)
+		if err != nil {
+			return wrapErr(x.name, err)
+		}
+		if sampled && record {
+			*x.out = append(*x.out, d)
+		}
+		return nil
+	}
+	for i := range warmup + n {
+		first, second := fkLoop, rawLoop
+		if i%2 == 1 {
+			first, second = rawLoop, fkLoop
+		}
+		if err := one(first, i >= warmup); err != nil {
+			return nil, nil, err
+		}
+		if err := one(second, i >= warmup); err != nil {
+			return nil, nil, err
+		}
+	}
+	return fk, raw, nil
 }
 
 // load brings the namespace from `from` to `to` FencedResources, the first
