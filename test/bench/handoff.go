@@ -147,7 +147,7 @@ func runHandoffs(ctx context.Context, l handoffLoop, warmup, n int) ([]time.Dura
 	for i := 0; i < warmup+n; i++ {
 		d, sampled, err := l.step(ctx, i >= warmup)
 		if err != nil {
-			_ = l.close(ctx)
+			closeAfterFailure(ctx, l)
 			return nil, err
 		}
 		if sampled && i >= warmup {
@@ -155,6 +155,14 @@ func runHandoffs(ctx context.Context, l handoffLoop, warmup, n int) ([]time.Dura
 		}
 	}
 	return out, l.close(ctx)
+}
+
+// closeAfterFailure closes l after a failed step, for a bounded time: the
+// operator that failed may never confirm the release Lock.Release waits for.
+func closeAfterFailure(ctx context.Context, l handoffLoop) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = l.close(ctx)
 }
 
 // releaseHandoffs measures fencekeeper's release handoff on one resource

@@ -357,11 +357,16 @@ func (e *env) alternateHandoffs(ctx context.Context, ns, suffix string, ph *phas
 	}
 	fl, err := e.newReleaseLoop(ctx, ns, "probe-"+suffix, ph, steps)
 	if err != nil {
-		_ = rl.close(ctx)
+		closeAfterFailure(ctx, rl)
 		return nil, nil, err
 	}
 	defer func() {
-		err = errors.Join(err, wrapErr("raw", rl.close(ctx)), wrapErr("fencekeeper", fl.close(ctx)))
+		if err != nil {
+			closeAfterFailure(ctx, rl)
+			closeAfterFailure(ctx, fl)
+			return
+		}
+		err = errors.Join(wrapErr("raw", rl.close(ctx)), wrapErr("fencekeeper", fl.close(ctx)))
 	}()
 	type loop struct {
 		name string
