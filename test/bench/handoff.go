@@ -145,16 +145,25 @@ type handoffLoop interface {
 func runHandoffs(ctx context.Context, l handoffLoop, warmup, n int) ([]time.Duration, error) {
 	var out []time.Duration
 	for i := 0; i < warmup+n; i++ {
-		d, sampled, err := l.step(ctx, i >= warmup)
-		if err != nil {
+		if err := stepInto(ctx, l, i >= warmup, &out); err != nil {
 			closeAfterFailure(ctx, l)
 			return nil, err
 		}
-		if sampled && i >= warmup {
-			out = append(out, d)
-		}
 	}
 	return out, l.close(ctx)
+}
+
+// stepInto steps l once and, when record is set and the step was timed,
+// appends its duration to out.
+func stepInto(ctx context.Context, l handoffLoop, record bool, out *[]time.Duration) error {
+	d, sampled, err := l.step(ctx, record)
+	if err != nil {
+		return err
+	}
+	if sampled && record {
+		*out = append(*out, d)
+	}
+	return nil
 }
 
 // closeAfterFailure closes l after a failed step, for a bounded time: the

@@ -368,32 +368,28 @@ func (e *env) alternateHandoffs(ctx context.Context, ns, suffix string, ph *phas
 		}
 		err = errors.Join(wrapErr("raw", rl.close(ctx)), wrapErr("fencekeeper", fl.close(ctx)))
 	}()
+	return alternateSteps(ctx, fl, rl, warmup, n)
+}
+
+// alternateSteps steps fl and rl warmup+n times each, one step of each in
+// turn, fl first on even pairs and rl first on odd ones; it returns the
+// timed steps after the warmup pairs.
+func alternateSteps(ctx context.Context, fl, rl handoffLoop, warmup, n int) (fk, raw []time.Duration, err error) {
 	type loop struct {
 		name string
 		l    handoffLoop
 		out  *[]time.Duration
 	}
 	fkLoop, rawLoop := loop{"fencekeeper", fl, &fk}, loop{"raw", rl, &raw}
-	one := func(x loop, record bool) error {
-		d, sampled, err := x.l.step(ctx, record)
-		if err != nil {
-			return wrapErr(x.name, err)
-		}
-		if sampled && record {
-			*x.out = append(*x.out, d)
-		}
-		return nil
-	}
 	for i := range warmup + n {
-		first, second := fkLoop, rawLoop
+		pair := [2]loop{fkLoop, rawLoop}
 		if i%2 == 1 {
-			first, second = rawLoop, fkLoop
+			pair = [2]loop{rawLoop, fkLoop}
 		}
-		if err := one(first, i >= warmup); err != nil {
-			return nil, nil, err
-		}
-		if err := one(second, i >= warmup); err != nil {
-			return nil, nil, err
+		for _, x := range pair {
+			if err := stepInto(ctx, x.l, i >= warmup, x.out); err != nil {
+				return nil, nil, wrapErr(x.name, err)
+			}
 		}
 	}
 	return fk, raw, nil
