@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -25,6 +26,36 @@ var (
 		{"windows", "amd64"}, {"windows", "arm64"},
 	}
 )
+
+// ParsePlatforms reads a comma-separated list of os/arch (make release's
+// RELEASE_PLUGIN_PLATFORMS) as a subset of from, in from's order; an empty
+// list is all of from.
+func ParsePlatforms(list string, from []Platform) ([]Platform, error) {
+	if strings.TrimSpace(list) == "" {
+		return slices.Clone(from), nil
+	}
+	want := map[Platform]bool{}
+	for _, item := range strings.Split(list, ",") {
+		os, arch, _ := strings.Cut(strings.TrimSpace(item), "/")
+		p := Platform{os, arch}
+		if !slices.Contains(from, p) {
+			return nil, fmt.Errorf("platform %q is not one of %s", strings.TrimSpace(item), platformList(from))
+		}
+		if want[p] {
+			return nil, fmt.Errorf("platform %s is named twice", p)
+		}
+		want[p] = true
+	}
+	return slices.DeleteFunc(slices.Clone(from), func(p Platform) bool { return !want[p] }), nil
+}
+
+func platformList(ps []Platform) string {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.String()
+	}
+	return strings.Join(names, ", ")
+}
 
 // goBuild builds one binary of the module for p: static (CGO_ENABLED=0),
 // without the build machine's paths (-trimpath), stripped of the symbol

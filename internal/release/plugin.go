@@ -3,10 +3,13 @@ package release
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"text/template"
 
@@ -23,12 +26,12 @@ func PluginArchive(version string, p Platform) string {
 	return fmt.Sprintf("kubectl-fence_%s_%s_%s%s", version, p.OS, p.Arch, ext)
 }
 
-// buildPlugin builds kubectl-fence for every plugin platform, archives each
+// buildPlugin builds kubectl-fence for c.PluginPlatforms, archives each
 // with LICENSE (and the completion helper, a shell script, beside the Unix
 // binaries), then writes the krew manifest and the plugin SBOM.
 func (c *Config) buildPlugin(ctx context.Context, work string) error {
 	var binaries []string
-	for _, p := range PluginPlatforms {
+	for _, p := range c.PluginPlatforms {
 		bin, err := c.goBuild(ctx, filepath.Join(work, "kubectl-fence"), "./cmd/kubectl-fence", p)
 		if err != nil {
 			return err
@@ -49,7 +52,7 @@ func (c *Config) buildPlugin(ctx context.Context, work string) error {
 			return fmt.Errorf("archive for %s: %w", p, err)
 		}
 	}
-	manifest, err := RenderKrew(filepath.Join(c.Root, "plugins", "krew", "fence.yaml"), c.Version, c.Out)
+	manifest, err := RenderKrew(filepath.Join(c.Root, "plugins", "krew", "fence.yaml"), c.Version, c.Out, c.PluginPlatforms)
 	if err != nil {
 		return err
 	}
@@ -62,11 +65,15 @@ func (c *Config) buildPlugin(ctx context.Context, work string) error {
 // RenderKrew renders the krew manifest template as krew-release-bot does:
 // {{ .TagName }} is the tag, and {{ addURIAndSha "<url>" .TagName }} becomes
 // the uri and the sha256 of that archive, read from dir (where the release
-// wrote it) by the URL's last path element.
-func RenderKrew(templatePath, tag, dir string) ([]byte, error) {
+// wrote it) by the URL's last path element. Only the entries of platforms
+// are kept (see keepPlatforms).
+func RenderKrew(templatePath, tag, dir string, platforms []Platform) ([]byte, error) {
 	raw, err := os.ReadFile(templatePath)
 	if err != nil {
 		return nil, err
+	}
+	if raw, err = keepPlatforms(raw, platforms); err != nil {
+		return nil, fmt.Errorf("%s: %w", templatePath, err)
 	}
 	funcs := template.FuncMap{"addURIAndSha": func(url, tag string) (string, error) {
 		url = strings.ReplaceAll(url, "{{ .TagName }}", tag)
@@ -89,4 +96,50 @@ func RenderKrew(templatePath, tag, dir string) ([]byte, error) {
 		return nil, fmt.Errorf("%s renders invalid YAML: %w", templatePath, err)
 	}
 	return out.Bytes(), nil
+}
+
+// platformEntry is where an entry of the template's platforms list starts.
+const platformEntry = "  - selector:\n"
+
+var entryPlatform = regexp.MustCompile(`(?m)^ +os: (\S+)\n +arch: (\S+)$`)
+
+// keepPlatforms drops the krew template's platform entries that are not
+// in keep, by their text, so that what is kept renders byte for byte as in
+// a whole release. The template must end with its platforms list, one
+// entry per platform, each naming os then arch, and have an entry for
+// every platform kept.
+func keepPlatforms(template []byte, keep []Platform) ([]byte, error) {
+	head, list, ok := strings.Cut(string(template), "\n  platforms:\n")
+	if !ok || !strings.HasPrefix(list, platformEntry) {
+		return nil, errors.New("no spec.platforms list of selector entries")
+	}
+	out := head + "\n  platforms:\n"
+	found := map[Platform]bool{}
+	for _, entry := range strings.SplitAfter(list, "\n"+platformEntry) {
+		entry = strings.TrimPrefix(entry, platformEntry)
+		entry = platformEntry + strings.TrimSuffix(entry, platformEntry)
+		for _, line := range strings.Split(strings.TrimSuffix(entry, "\n"), "\n") {
+			if line != "" && !strings.HasPrefix(line, "    ") && line+"\n" != platformEntry {
+				return nil, fmt.Errorf("%q follows the platforms list: it must be the template's last key", line)
+			}
+		}
+		m := entryPlatform.FindStringSubmatch(entry)
+		if m == nil {
+			return nil, fmt.Errorf("a platforms entry names no os and arch:\n%s", entry)
+		}
+		p := Platform{m[1], m[2]}
+		if found[p] {
+			return nil, fmt.Errorf("platform %s has two entries", p)
+		}
+		found[p] = true
+		if slices.Contains(keep, p) {
+			out += entry
+		}
+	}
+	for _, p := range keep {
+		if !found[p] {
+			return nil, fmt.Errorf("no entry for platform %s", p)
+		}
+	}
+	return []byte(out), nil
 }

@@ -35,6 +35,10 @@ type Config struct {
 	Created  time.Time // every timestamp in the artifacts: the commit's time, so a rebuild is identical
 	Log      io.Writer // progress
 	GoBinary string    // the go command; "go" when empty
+	// PluginPlatforms are the kubectl-fence platforms to build; nil is all of
+	// PluginPlatforms. Fewer is for checking a release on a machine with a
+	// cold build cache (make test): a published release has all of them.
+	PluginPlatforms []Platform
 }
 
 // Artifact names, relative to Config.Out.
@@ -124,8 +128,14 @@ func Build(ctx context.Context, c Config) (*Result, error) {
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
+	if c.PluginPlatforms == nil {
+		c.PluginPlatforms = PluginPlatforms
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if len(c.PluginPlatforms) < len(PluginPlatforms) {
+		c.logf("a partial release, not for publishing: kubectl-fence for %s only", platformList(c.PluginPlatforms))
 	}
 	if err := os.MkdirAll(c.Out, 0o755); err != nil {
 		return nil, err

@@ -4,7 +4,10 @@
 // and the chart pinned to its index digest, SHA256SUMS, the krew manifest
 // against the archives, the SBOMs against go.mod and go.sum, and the
 // CHANGELOG section. The release cross-compiles eight binaries, so it is
-// built once (make test runs this package alone).
+// built once (make test runs this package alone). RELEASE_PLUGIN_PLATFORMS
+// (make's) narrows kubectl-fence's platforms: make test builds the plugin
+// for Linux only, since each other platform costs a cold build cache about
+// three minutes; make test-release builds and checks all of them.
 package release
 
 import (
@@ -59,6 +62,7 @@ func TestMakeReleaseRefusesBadVersions(t *testing.T) {
 		{[]string{"VERSION=v0.1"}, `VERSION "v0.1" is not a release tag`},
 		{[]string{"VERSION=v9.9.9"}, "CHANGELOG.md has no section for v9.9.9"},
 		{[]string{"VERSION=v0.1.0", "IMG=fencekeeper/manager:v0.1.0"}, `image "fencekeeper/manager:v0.1.0" is not fully qualified`},
+		{[]string{"VERSION=v0.1.0", "RELEASE_PLUGIN_PLATFORMS=linux/386"}, `RELEASE_PLUGIN_PLATFORMS: platform "linux/386" is not one of linux/amd64`},
 	} {
 		out, err := makeRelease(root, t.TempDir(), tc.args...)
 		if err == nil {
@@ -75,6 +79,13 @@ func TestMakeRelease(t *testing.T) {
 	root := repoRoot(t)
 	version := chartAppVersion(t, root)
 	out := filepath.Join(t.TempDir(), "release")
+	plugins, err := release.ParsePlatforms(os.Getenv("RELEASE_PLUGIN_PLATFORMS"), release.PluginPlatforms)
+	if err != nil {
+		t.Fatalf("RELEASE_PLUGIN_PLATFORMS: %v", err)
+	}
+	if len(plugins) < len(release.PluginPlatforms) {
+		t.Logf("kubectl-fence for %v only (RELEASE_PLUGIN_PLATFORMS); make test-release checks all of %v", plugins, release.PluginPlatforms)
+	}
 	start := time.Now()
 	output, err := makeRelease(root, out, "VERSION="+version)
 	if err != nil {
@@ -100,8 +111,8 @@ func TestMakeRelease(t *testing.T) {
 		}
 		checkImageRef(t, "the packaged chart", rendered, ref)
 	})
-	t.Run("SHA256SUMS", func(t *testing.T) { checkSums(t, out) })
-	t.Run("kubectl-fence archives and krew manifest", func(t *testing.T) { checkPlugin(t, out, version, commit) })
+	t.Run("SHA256SUMS", func(t *testing.T) { checkSums(t, out, len(plugins)) })
+	t.Run("kubectl-fence archives and krew manifest", func(t *testing.T) { checkPlugin(t, out, version, commit, plugins) })
 	t.Run("SBOMs", func(t *testing.T) {
 		checkSBOM(t, root, filepath.Join(out, release.ImageSBOM(version)), version, "sigs.k8s.io/controller-runtime")
 		checkSBOM(t, root, filepath.Join(out, release.PluginSBOM(version)), version, "github.com/spf13/cobra")
@@ -367,7 +378,7 @@ func checkImageRef(t *testing.T, what string, manifest []byte, ref string) {
 	}
 }
 
-func checkSums(t *testing.T, out string) {
+func checkSums(t *testing.T, out string, archives int) {
 	listed := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(mustRead(t, filepath.Join(out, release.Checksums))))
 	for sc.Scan() {
@@ -391,8 +402,8 @@ func checkSums(t *testing.T, out string) {
 			t.Errorf("SHA256SUMS does not list %s", e.Name())
 		}
 	}
-	if len(listed) < 12 {
-		t.Errorf("SHA256SUMS lists %d files; a release has at least 12 (image, install.yaml, chart, 6 archives, krew manifest, 2 SBOMs, notes)", len(listed))
+	if want := 7 + archives; len(listed) != want {
+		t.Errorf("SHA256SUMS lists %d files; want %d (image, install.yaml, chart, %d plugin archives, krew manifest, 2 SBOMs, notes)", len(listed), want, archives)
 	}
 }
 
@@ -411,7 +422,9 @@ type krewManifest struct {
 	} `json:"spec"`
 }
 
-func checkPlugin(t *testing.T, out, version, commit string) {
+// checkPlugin checks the krew manifest and the archives: one for each of
+// plugins, and none for another platform.
+func checkPlugin(t *testing.T, out, version, commit string, plugins []release.Platform) {
 	var m krewManifest
 	if err := yaml.Unmarshal(mustRead(t, filepath.Join(out, release.KrewManifest)), &m); err != nil {
 		t.Fatalf("fence.yaml: %v", err)
@@ -444,8 +457,14 @@ func checkPlugin(t *testing.T, out, version, commit string) {
 		checkPluginBinary(t, archive, files[pl.Bin], p, commit)
 	}
 	for _, p := range release.PluginPlatforms {
-		if !seen[p] {
+		_, err := os.Stat(filepath.Join(out, release.PluginArchive(version, p)))
+		switch want := slices.Contains(plugins, p); {
+		case want && !seen[p]:
 			t.Errorf("krew manifest has no platform %s", p)
+		case !want && seen[p]:
+			t.Errorf("krew manifest has platform %s, which RELEASE_PLUGIN_PLATFORMS leaves out", p)
+		case !want && err == nil:
+			t.Errorf("the release has an archive for %s, which RELEASE_PLUGIN_PLATFORMS leaves out", p)
 		}
 	}
 }
