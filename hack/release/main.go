@@ -27,7 +27,7 @@ func main() {
 	flag.StringVar(&c.Helm, "helm", "helm", "the helm binary")
 	flag.StringVar(&c.Kubectl, "kubectl", "kubectl", "the kubectl binary")
 	flag.StringVar(&epoch, "source-date-epoch", "", "the commit's time in Unix seconds: every timestamp in the artifacts")
-	pluginPlatforms := flag.String("plugin-platforms", "", "kubectl-fence's platforms to build, os/arch,...; empty is all (fewer is for checking a release, never for publishing one)")
+	platforms := flag.String("platforms", "", "the platforms to build the image and kubectl-fence for, os/arch,...; empty is all (fewer is for checking a release, never for publishing one)")
 	renderInstall := flag.Bool("render-install", false, "only print config/default rendered for -image (make build-installer, make deploy) and exit")
 	flag.Parse()
 	if *renderInstall {
@@ -40,8 +40,8 @@ func main() {
 		return
 	}
 	var err error
-	if c.PluginPlatforms, err = release.ParsePlatforms(*pluginPlatforms, release.PluginPlatforms); err != nil {
-		fmt.Fprintln(os.Stderr, "release: RELEASE_PLUGIN_PLATFORMS:", err)
+	if c.Platforms, err = release.ParsePlatforms(*platforms, release.PluginPlatforms); err != nil {
+		fmt.Fprintln(os.Stderr, "release: RELEASE_PLATFORMS:", err)
 		os.Exit(1)
 	}
 	if err := run(&c, epoch); err != nil {

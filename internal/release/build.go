@@ -17,7 +17,8 @@ type Platform struct{ OS, Arch string }
 
 func (p Platform) String() string { return p.OS + "/" + p.Arch }
 
-// ImagePlatforms are the manager image's; PluginPlatforms kubectl-fence's.
+// ImagePlatforms are the manager image's; PluginPlatforms kubectl-fence's,
+// which include the image's (ParsePlatforms reads a subset of them).
 var (
 	ImagePlatforms  = []Platform{{"linux", "amd64"}, {"linux", "arm64"}}
 	PluginPlatforms = []Platform{
@@ -28,8 +29,8 @@ var (
 )
 
 // ParsePlatforms reads a comma-separated list of os/arch (make release's
-// RELEASE_PLUGIN_PLATFORMS) as a subset of from, in from's order; an empty
-// list is all of from.
+// RELEASE_PLATFORMS) as a subset of from, in from's order; an empty list is
+// all of from.
 func ParsePlatforms(list string, from []Platform) ([]Platform, error) {
 	if strings.TrimSpace(list) == "" {
 		return slices.Clone(from), nil
@@ -47,6 +48,11 @@ func ParsePlatforms(list string, from []Platform) ([]Platform, error) {
 		want[p] = true
 	}
 	return slices.DeleteFunc(slices.Clone(from), func(p Platform) bool { return !want[p] }), nil
+}
+
+// only is the platforms of ps that are in subset, in ps's order.
+func only(ps, subset []Platform) []Platform {
+	return slices.DeleteFunc(slices.Clone(ps), func(p Platform) bool { return !slices.Contains(subset, p) })
 }
 
 func platformList(ps []Platform) string {

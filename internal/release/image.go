@@ -51,13 +51,13 @@ func (c *Config) labels() map[string]string {
 	}
 }
 
-// buildImage builds the manager for each image platform, writes the
+// buildImage builds the manager for each image platform built, writes the
 // multi-arch OCI layout as a tar and the image SBOM, and records the index
 // digest in res.
 func (c *Config) buildImage(ctx context.Context, work string, res *Result) error {
 	var adds []mutate.IndexAddendum
 	var binaries []string
-	for _, p := range ImagePlatforms {
+	for _, p := range only(ImagePlatforms, c.Platforms) {
 		bin, err := c.goBuild(ctx, filepath.Join(work, "manager"), "./cmd/manager", p)
 		if err != nil {
 			return err

@@ -26,12 +26,13 @@ func PluginArchive(version string, p Platform) string {
 	return fmt.Sprintf("kubectl-fence_%s_%s_%s%s", version, p.OS, p.Arch, ext)
 }
 
-// buildPlugin builds kubectl-fence for c.PluginPlatforms, archives each
+// buildPlugin builds kubectl-fence for each plugin platform built, archives each
 // with LICENSE (and the completion helper, a shell script, beside the Unix
 // binaries), then writes the krew manifest and the plugin SBOM.
 func (c *Config) buildPlugin(ctx context.Context, work string) error {
 	var binaries []string
-	for _, p := range c.PluginPlatforms {
+	plugins := only(PluginPlatforms, c.Platforms)
+	for _, p := range plugins {
 		bin, err := c.goBuild(ctx, filepath.Join(work, "kubectl-fence"), "./cmd/kubectl-fence", p)
 		if err != nil {
 			return err
@@ -52,7 +53,7 @@ func (c *Config) buildPlugin(ctx context.Context, work string) error {
 			return fmt.Errorf("archive for %s: %w", p, err)
 		}
 	}
-	manifest, err := RenderKrew(filepath.Join(c.Root, "plugins", "krew", "fence.yaml"), c.Version, c.Out, c.PluginPlatforms)
+	manifest, err := RenderKrew(filepath.Join(c.Root, "plugins", "krew", "fence.yaml"), c.Version, c.Out, plugins)
 	if err != nil {
 		return err
 	}

@@ -35,10 +35,11 @@ type Config struct {
 	Created  time.Time // every timestamp in the artifacts: the commit's time, so a rebuild is identical
 	Log      io.Writer // progress
 	GoBinary string    // the go command; "go" when empty
-	// PluginPlatforms are the kubectl-fence platforms to build; nil is all of
-	// PluginPlatforms. Fewer is for checking a release on a machine with a
-	// cold build cache (make test): a published release has all of them.
-	PluginPlatforms []Platform
+	// Platforms are the platforms to build the image and kubectl-fence for;
+	// nil is all of them (PluginPlatforms). Fewer is for checking a release
+	// on a machine with a cold build cache (make test): a published release
+	// has all of them.
+	Platforms []Platform
 }
 
 // Artifact names, relative to Config.Out.
@@ -96,6 +97,9 @@ func (c *Config) Validate() error {
 	if entries, err := os.ReadDir(c.Out); err == nil && len(entries) > 0 {
 		return fmt.Errorf("output directory %s is not empty: remove it first (make release does)", c.Out)
 	}
+	if c.Platforms != nil && len(only(ImagePlatforms, c.Platforms)) == 0 {
+		return fmt.Errorf("RELEASE_PLATFORMS %s has none of the manager image's platforms (%s)", platformList(c.Platforms), platformList(ImagePlatforms))
+	}
 	if c.Commit == "" || c.Created.IsZero() {
 		return errors.New("the commit and its time are required (make release passes COMMIT and SOURCE_DATE_EPOCH)")
 	}
@@ -128,14 +132,14 @@ func Build(ctx context.Context, c Config) (*Result, error) {
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
-	if c.PluginPlatforms == nil {
-		c.PluginPlatforms = PluginPlatforms
+	if c.Platforms == nil {
+		c.Platforms = PluginPlatforms
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if len(c.PluginPlatforms) < len(PluginPlatforms) {
-		c.logf("a partial release, not for publishing: kubectl-fence for %s only", platformList(c.PluginPlatforms))
+	if len(c.Platforms) < len(PluginPlatforms) {
+		c.logf("a partial release, not for publishing: %s only", platformList(c.Platforms))
 	}
 	if err := os.MkdirAll(c.Out, 0o755); err != nil {
 		return nil, err

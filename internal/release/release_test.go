@@ -51,6 +51,7 @@ func TestValidateRefusesBeforeBuilding(t *testing.T) {
 		{func(c *Config) { c.Image = "fencekeeper/manager" }, "not fully qualified"},
 		{func(c *Config) { c.Commit = "" }, "commit and its time are required"},
 		{func(c *Config) { c.Out = root }, "is not empty"},
+		{func(c *Config) { c.Platforms = []Platform{{"darwin", "arm64"}} }, "RELEASE_PLATFORMS darwin/arm64 has none of the manager image's platforms (linux/amd64, linux/arm64)"},
 	} {
 		c := base
 		tc.edit(&c)

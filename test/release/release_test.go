@@ -4,10 +4,10 @@
 // and the chart pinned to its index digest, SHA256SUMS, the krew manifest
 // against the archives, the SBOMs against go.mod and go.sum, and the
 // CHANGELOG section. The release cross-compiles eight binaries, so it is
-// built once (make test runs this package alone). RELEASE_PLUGIN_PLATFORMS
-// (make's) narrows kubectl-fence's platforms: make test builds the plugin
-// for Linux only, since each other platform costs a cold build cache about
-// three minutes; make test-release builds and checks all of them.
+// built once (make test runs this package alone). RELEASE_PLATFORMS
+// (make's) narrows the platforms: make test builds for linux/amd64 only,
+// since each other platform costs a cold build cache three to four
+// minutes; make test-release builds and checks all of them.
 package release
 
 import (
@@ -62,7 +62,8 @@ func TestMakeReleaseRefusesBadVersions(t *testing.T) {
 		{[]string{"VERSION=v0.1"}, `VERSION "v0.1" is not a release tag`},
 		{[]string{"VERSION=v9.9.9"}, "CHANGELOG.md has no section for v9.9.9"},
 		{[]string{"VERSION=v0.1.0", "IMG=fencekeeper/manager:v0.1.0"}, `image "fencekeeper/manager:v0.1.0" is not fully qualified`},
-		{[]string{"VERSION=v0.1.0", "RELEASE_PLUGIN_PLATFORMS=linux/386"}, `RELEASE_PLUGIN_PLATFORMS: platform "linux/386" is not one of linux/amd64`},
+		{[]string{"VERSION=v0.1.0", "RELEASE_PLATFORMS=linux/386"}, `RELEASE_PLATFORMS: platform "linux/386" is not one of linux/amd64`},
+		{[]string{"VERSION=v0.1.0", "RELEASE_PLATFORMS=darwin/arm64"}, `RELEASE_PLATFORMS darwin/arm64 has none of the manager image's platforms`},
 	} {
 		out, err := makeRelease(root, t.TempDir(), tc.args...)
 		if err == nil {
@@ -79,13 +80,15 @@ func TestMakeRelease(t *testing.T) {
 	root := repoRoot(t)
 	version := chartAppVersion(t, root)
 	out := filepath.Join(t.TempDir(), "release")
-	plugins, err := release.ParsePlatforms(os.Getenv("RELEASE_PLUGIN_PLATFORMS"), release.PluginPlatforms)
+	platforms, err := release.ParsePlatforms(os.Getenv("RELEASE_PLATFORMS"), release.PluginPlatforms)
 	if err != nil {
-		t.Fatalf("RELEASE_PLUGIN_PLATFORMS: %v", err)
+		t.Fatalf("RELEASE_PLATFORMS: %v", err)
 	}
-	if len(plugins) < len(release.PluginPlatforms) {
-		t.Logf("kubectl-fence for %v only (RELEASE_PLUGIN_PLATFORMS); make test-release checks all of %v", plugins, release.PluginPlatforms)
+	if len(platforms) < len(release.PluginPlatforms) {
+		t.Logf("built for %v only (RELEASE_PLATFORMS); make test-release checks all of %v", platforms, release.PluginPlatforms)
 	}
+	images := slices.DeleteFunc(slices.Clone(release.ImagePlatforms), func(p release.Platform) bool { return !slices.Contains(platforms, p) })
+	plugins := slices.DeleteFunc(slices.Clone(release.PluginPlatforms), func(p release.Platform) bool { return !slices.Contains(platforms, p) })
 	start := time.Now()
 	output, err := makeRelease(root, out, "VERSION="+version)
 	if err != nil {
@@ -94,7 +97,7 @@ func TestMakeRelease(t *testing.T) {
 	t.Logf("make release VERSION=%s took %s:\n%s", version, time.Since(start).Round(time.Second), output)
 
 	commit := strings.TrimSpace(string(run(t, root, "git", "rev-parse", "HEAD")))
-	digest := checkImage(t, out, version, commit)
+	digest := checkImage(t, out, version, commit, images)
 	ref := "ghcr.io/fencekeeper/manager@" + digest
 	t.Run("install.yaml pins the index digest", func(t *testing.T) {
 		checkImageRef(t, "install.yaml", mustRead(t, filepath.Join(out, release.InstallYAML)), ref)
@@ -138,9 +141,10 @@ func makeRelease(root, out string, args ...string) (string, error) {
 	return buf.String(), err
 }
 
-// checkImage loads the OCI archive and checks the index, each platform's
-// config and its one layer; it returns the index digest.
-func checkImage(t *testing.T, out, version, commit string) string {
+// checkImage loads the OCI archive and checks the index (one image for
+// each of images), each platform's config and its one layer; it returns
+// the index digest.
+func checkImage(t *testing.T, out, version, commit string, images []release.Platform) string {
 	t.Helper()
 	dir := t.TempDir()
 	untar(t, filepath.Join(out, release.ImageArchive(version)), dir)
@@ -179,21 +183,25 @@ func checkImage(t *testing.T, out, version, commit string) string {
 		}
 		t.Run("image "+desc.Platform.Architecture, func(t *testing.T) { checkPlatformImage(t, img, *desc.Platform, version, commit) })
 	}
+	var want []string
+	for _, p := range images {
+		want = append(want, p.String())
+	}
 	slices.Sort(platforms)
-	if !slices.Equal(platforms, []string{"linux/amd64", "linux/arm64"}) {
-		t.Errorf("index platforms = %v, want linux/amd64 and linux/arm64", platforms)
+	if slices.Sort(want); !slices.Equal(platforms, want) {
+		t.Errorf("index platforms = %v, want %v", platforms, want)
 	}
 	if err := layoutValid(idx); err != nil {
 		t.Error(err)
 	}
-	t.Run("a push keeps the digest", func(t *testing.T) { checkPush(t, idx, im.Manifests[0].Digest, version) })
+	t.Run("a push keeps the digest", func(t *testing.T) { checkPush(t, idx, im.Manifests[0].Digest, version, images) })
 	return im.Manifests[0].Digest.String()
 }
 
 // checkPush pushes the index to an in-memory registry on loopback (what
 // crane push does with the unpacked layout) and pulls it back by tag: the
 // registry must serve the digest install.yaml pins, and each platform.
-func checkPush(t *testing.T, idx v1.ImageIndex, want v1.Hash, version string) {
+func checkPush(t *testing.T, idx v1.ImageIndex, want v1.Hash, version string, images []release.Platform) {
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
 	ref, err := name.ParseReference(strings.TrimPrefix(srv.URL, "http://")+"/fencekeeper/manager:"+version, name.Insecure)
@@ -210,14 +218,14 @@ func checkPush(t *testing.T, idx v1.ImageIndex, want v1.Hash, version string) {
 	if got, _ := pulled.Digest(); got != want {
 		t.Errorf("the registry serves %s as %s, want %s", ref, got, want)
 	}
-	for _, arch := range []string{"amd64", "arm64"} {
-		img, err := remote.Image(ref, remote.WithPlatform(v1.Platform{OS: "linux", Architecture: arch}))
+	for _, p := range images {
+		img, err := remote.Image(ref, remote.WithPlatform(v1.Platform{OS: p.OS, Architecture: p.Arch}))
 		if err != nil {
-			t.Errorf("pulling linux/%s: %v", arch, err)
+			t.Errorf("pulling %s: %v", p, err)
 			continue
 		}
-		if cf, err := img.ConfigFile(); err != nil || cf.Architecture != arch {
-			t.Errorf("pulling linux/%s gave %v (%v)", arch, cf, err)
+		if cf, err := img.ConfigFile(); err != nil || cf.OS != p.OS || cf.Architecture != p.Arch {
+			t.Errorf("pulling %s gave %v (%v)", p, cf, err)
 		}
 	}
 }
@@ -462,9 +470,9 @@ func checkPlugin(t *testing.T, out, version, commit string, plugins []release.Pl
 		case want && !seen[p]:
 			t.Errorf("krew manifest has no platform %s", p)
 		case !want && seen[p]:
-			t.Errorf("krew manifest has platform %s, which RELEASE_PLUGIN_PLATFORMS leaves out", p)
+			t.Errorf("krew manifest has platform %s, which RELEASE_PLATFORMS leaves out", p)
 		case !want && err == nil:
-			t.Errorf("the release has an archive for %s, which RELEASE_PLUGIN_PLATFORMS leaves out", p)
+			t.Errorf("the release has an archive for %s, which RELEASE_PLATFORMS leaves out", p)
 		}
 	}
 }
