@@ -35,19 +35,19 @@ func ParsePlatforms(list string, from []Platform) ([]Platform, error) {
 	if strings.TrimSpace(list) == "" {
 		return slices.Clone(from), nil
 	}
-	want := map[Platform]bool{}
+	var named []Platform
 	for _, item := range strings.Split(list, ",") {
 		os, arch, _ := strings.Cut(strings.TrimSpace(item), "/")
 		p := Platform{os, arch}
 		if !slices.Contains(from, p) {
 			return nil, fmt.Errorf("platform %q is not one of %s", strings.TrimSpace(item), platformList(from))
 		}
-		if want[p] {
+		if slices.Contains(named, p) {
 			return nil, fmt.Errorf("platform %s is named twice", p)
 		}
-		want[p] = true
+		named = append(named, p)
 	}
-	return slices.DeleteFunc(slices.Clone(from), func(p Platform) bool { return !want[p] }), nil
+	return only(from, named), nil
 }
 
 // only is the platforms of ps that are in subset, in ps's order.
