@@ -12,10 +12,12 @@ import (
 
 	locksv1 "github.com/fencekeeper/fencekeeper/api/v1alpha1"
 
+	uberzap "go.uber.org/zap"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/fencekeeper/fencekeeper/controllers"
+	"github.com/fencekeeper/fencekeeper/internal/lazylog"
 	"github.com/fencekeeper/fencekeeper/internal/operator"
 	"github.com/fencekeeper/fencekeeper/internal/rules/enrollment"
 	"github.com/fencekeeper/fencekeeper/internal/rules/protectedkinds"
@@ -65,7 +67,9 @@ func main() {
 		fmt.Println("manager", version.String())
 		return
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	// Reconciles and admission requests each get a logger with their own
+	// fields; lazylog encodes them only for an entry that is written.
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts), zap.RawZapOpts(uberzap.WrapCore(lazylog.Wrap))))
 	setup := ctrl.Log.WithName("setup")
 	setup.Info("fencekeeper manager", "version", version.Get().Version, "commit", version.Get().Commit)
 	_, envSet := os.LookupEnv("GOMEMLIMIT")
