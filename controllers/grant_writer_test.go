@@ -55,7 +55,7 @@ func writesTo(names ...string) []grantWrites {
 	for i, n := range names {
 		lg := &locksv1.LockGrant{}
 		lg.Name = n
-		out[i] = grantWrites{lg: lg, writes: []grantWrite{{mutate: func(*locksv1.LockGrant) {}}}}
+		out[i] = grantWrites{lg: lg, writes: []grantWrite{{removesFinalizer: true}}}
 	}
 	return out
 }

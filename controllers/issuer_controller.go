@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -359,7 +360,6 @@ func planWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName map[st
 // is set), else the removal of a legacy release finalizer.
 type grantWrite struct {
 	status *locksv1.LockGrantStatus
-	mutate func(*locksv1.LockGrant)
 	// removesFinalizer: the write removes the release finalizer.
 	removesFinalizer bool
 }
@@ -389,13 +389,13 @@ func bookkeepingWrites(statuses []issuer.GrantStatus, d *issuer.Decision, byName
 	}
 	for _, c := range statuses {
 		st := c.Status
-		add(c.Name, grantWrite{status: &st, mutate: func(lg *locksv1.LockGrant) { lg.Status = st }})
+		add(c.Name, grantWrite{status: &st})
 	}
 	if d == nil {
 		return out
 	}
 	for _, name := range d.RemoveFinalizer {
-		add(name, grantWrite{mutate: removeFinalizer, removesFinalizer: true})
+		add(name, grantWrite{removesFinalizer: true})
 	}
 	return out
 }
@@ -415,7 +415,13 @@ func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error 
 		if skip[i] {
 			continue
 		}
-		if err := r.patchGrant(ctx, g.lg, w.status != nil, w.mutate); err != nil {
+		var err error
+		if w.status != nil {
+			err = WriteGrantStatus(ctx, r.Client, g.lg, *w.status)
+		} else {
+			err = r.patchGrant(ctx, g.lg, removeFinalizer)
+		}
+		if err != nil {
 			return err
 		}
 		switch {
@@ -454,17 +460,40 @@ func retryable(retry bool, err error) (bool, error) {
 
 // patchGrant applies mutate as a merge patch conditioned on the resourceVersion
 // we read, so a LockGrant is never moved by a decision made from an older view.
-func (r *IssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.LockGrant, status bool, mutate func(*locksv1.LockGrant)) error {
+func (r *IssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.LockGrant, mutate func(*locksv1.LockGrant)) error {
 	if lg == nil {
 		return nil
 	}
 	orig := lg.DeepCopy()
 	mutate(lg)
-	patch := client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})
-	if status {
-		return r.Status().Patch(ctx, lg, patch)
+	return r.Patch(ctx, lg, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+}
+
+// WriteGrantStatus replaces lg's whole status with st, conditioned on the
+// resourceVersion lg was read at (a conflict when the LockGrant changed
+// since), and leaves the stored LockGrant in lg. It is the issuer's one
+// way to write a LockGrant's status.
+//
+// A JSON patch of two operations: the status is one atomic field of the
+// operator (+structType=atomic), so the whole of it is the write; a merge
+// patch's diff encodes two copies of the LockGrant and compares them, on
+// every lock's cycle.
+func WriteGrantStatus(ctx context.Context, c client.Client, lg *locksv1.LockGrant, st locksv1.LockGrantStatus) error {
+	data, err := json.Marshal([]jsonPatchOp{
+		{Op: "replace", Path: "/metadata/resourceVersion", Value: lg.ResourceVersion},
+		{Op: "add", Path: "/status", Value: st}, // add replaces a member that exists
+	})
+	if err != nil {
+		return fmt.Errorf("encode the status of LockGrant %s: %w", lg.Name, err)
 	}
-	return r.Patch(ctx, lg, patch)
+	return c.Status().Patch(ctx, lg, client.RawPatch(types.JSONPatchType, data))
+}
+
+// jsonPatchOp is one operation of an RFC 6902 JSON patch.
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
 }
 
 // denyOrphans settles LockGrants whose FencedResource is gone: they can never be served.
@@ -488,13 +517,13 @@ func (r *IssuerReconciler) denyOrphans(ctx context.Context, key types.Namespaced
 			st := issuer.TerminalStatus(lg.Status, locksv1.PhaseDenied, locksv1.ReasonNoSuchResource, now)
 			issuer.SetCondition(&st.Conditions, 0, locksv1.ConditionIssued, false, locksv1.ReasonNoSuchResource,
 				fmt.Sprintf("FencedResource %s does not exist", key.Name))
-			if err := r.patchGrant(ctx, lg, true, func(lg *locksv1.LockGrant) { lg.Status = st }); client.IgnoreNotFound(err) != nil {
+			if err := WriteGrantStatus(ctx, r.Client, lg, st); client.IgnoreNotFound(err) != nil {
 				return err
 			}
 			r.Recorder.Eventf(lg, nil, corev1.EventTypeWarning, locksv1.ReasonNoSuchResource, "Deny", "FencedResource %s does not exist", key.Name)
 		}
 		if lg.DeletionTimestamp != nil {
-			if err := r.patchGrant(ctx, lg, false, removeFinalizer); client.IgnoreNotFound(err) != nil {
+			if err := r.patchGrant(ctx, lg, removeFinalizer); client.IgnoreNotFound(err) != nil {
 				return err
 			}
 		}
