@@ -96,30 +96,36 @@ func (a *deferredArrivals) claim(in *issuer.Input, names []string) []*locksv1.Lo
 func (r *IssuerReconciler) confirm(ctx context.Context, key types.NamespacedName, since string, ask []*locksv1.LockGrant) {
 	var mu sync.Mutex
 	var never []types.UID
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(maxConcurrentGrantReads) // a tenant's thousand arrivals are not a thousand goroutines
-	for _, c := range ask {
-		g.Go(func() error {
-			select {
-			case r.confirmSlots <- struct{}{}:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
-			defer func() { <-r.confirmSlots }()
-			uncachedGrantReads.Inc()
-			var fresh locksv1.LockGrant
-			if err := r.APIReader.Get(gctx, client.ObjectKeyFromObject(c), &fresh); err != nil {
-				return client.IgnoreNotFound(err) // gone: the next decision drops it
-			}
-			if issuer.NeverGranted(c, &fresh) {
-				mu.Lock()
-				never = append(never, c.UID)
-				mu.Unlock()
-			}
-			return nil
-		})
+	read := func(ctx context.Context, c *locksv1.LockGrant) error {
+		select {
+		case r.confirmSlots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-r.confirmSlots }()
+		uncachedGrantReads.Inc()
+		var fresh locksv1.LockGrant
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(c), &fresh); err != nil {
+			return client.IgnoreNotFound(err) // gone: the next decision drops it
+		}
+		if issuer.NeverGranted(c, &fresh) {
+			mu.Lock()
+			never = append(never, c.UID)
+			mu.Unlock()
+		}
+		return nil
 	}
-	err := g.Wait()
+	var err error
+	if len(ask) == 1 { // the usual arrival: read on this goroutine
+		err = read(ctx, ask[0])
+	} else {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(maxConcurrentGrantReads) // a tenant's thousand arrivals are not a thousand goroutines
+		for _, c := range ask {
+			g.Go(func() error { return read(gctx, c) })
+		}
+		err = g.Wait()
+	}
 	a := &r.arrivals
 	a.mu.Lock()
 	for _, c := range ask {

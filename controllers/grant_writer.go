@@ -168,8 +168,13 @@ func (w *grantWriter) run(ctx context.Context, key types.NamespacedName, p grant
 }
 
 // parallel writes grants, bookkeepingParallel LockGrants at a time (one
-// LockGrant's writes in order).
+// LockGrant's writes in order). One LockGrant, the usual plan, is written on
+// the worker's goroutine: a new one would grow its stack again for the
+// request's JSON, each time.
 func (w *grantWriter) parallel(ctx context.Context, grants []grantWrites) (retry bool, err error) {
+	if len(grants) == 1 {
+		return retryable(false, w.write(ctx, grants[0]))
+	}
 	errs := make([]error, len(grants))
 	sem := make(chan struct{}, bookkeepingParallel)
 	var wg sync.WaitGroup
