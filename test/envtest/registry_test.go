@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -542,7 +543,7 @@ type gatedStatus struct {
 }
 
 func (g *gatedStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	if _, ok := obj.(*locksv1.LockGrant); ok && obj.GetNamespace() == g.namespace {
+	if isLockGrant(obj) && obj.GetNamespace() == g.namespace {
 		g.blocked.Add(1)
 		select {
 		case <-g.gate:
@@ -570,11 +571,24 @@ type failingStatus struct {
 }
 
 func (f *failingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	if _, ok := obj.(*locksv1.LockGrant); ok {
+	if isLockGrant(obj) {
 		f.failed.Store(true)
 		return fmt.Errorf("injected crash before the LockGrant status write")
 	}
 	return f.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// isLockGrant reports whether a status write is a LockGrant's: the issuer
+// writes them naming the LockGrant as metadata only
+// (controllers.WriteGrantStatus), so that the answer is metadata too.
+func isLockGrant(obj client.Object) bool {
+	switch o := obj.(type) {
+	case *locksv1.LockGrant:
+		return true
+	case *metav1.PartialObjectMetadata:
+		return o.GroupVersionKind() == locksv1.GroupVersion.WithKind("LockGrant")
+	}
+	return false
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
