@@ -35,6 +35,10 @@ type core struct {
 
 func (c *core) Enabled(l zapcore.Level) bool { return c.base.Enabled(l) }
 
+// Level is the base's (zapcore.LevelOf), so zap.Logger.Level reports a
+// verbosity below Debug (--zap-log-level=5) as the unwrapped core does.
+func (c *core) Level() zapcore.Level { return zapcore.LevelOf(c.base) }
+
 // With keeps fields with the ones given before, unencoded. Each core is
 // never changed after it is made, so siblings share nothing mutable.
 func (c *core) With(fields []zapcore.Field) zapcore.Core {

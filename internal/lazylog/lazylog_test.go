@@ -161,3 +161,13 @@ func TestControllerRuntimeLogger(t *testing.T) {
 		t.Fatalf("unexpected output:\n%s", lazy)
 	}
 }
+
+// The logger reports the base's level, below Debug included.
+func TestLevel(t *testing.T) {
+	level := zap.NewAtomicLevelAt(zapcore.Level(-5))
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&bytes.Buffer{}), level)
+	eager, lazy := zap.New(core), zap.New(core, zap.WrapCore(lazylog.Wrap))
+	if eager.Level() != lazy.Level() || lazy.With(zap.Int("n", 1)).Level() != zapcore.Level(-5) {
+		t.Fatalf("level %v wrapped, %v with a field, want %v", lazy.Level(), lazy.With(zap.Int("n", 1)).Level(), eager.Level())
+	}
+}
