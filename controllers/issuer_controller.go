@@ -472,8 +472,9 @@ func (r *IssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.LockGrant
 
 // WriteGrantStatus replaces lg's whole status with st, conditioned on the
 // resourceVersion lg was read at (a conflict when the LockGrant changed
-// since), and leaves in lg the status written and the resourceVersion it
-// made. It is the issuer's one way to write a LockGrant's status.
+// since), and leaves in lg the status as sent (a copy) and the
+// resourceVersion the write made. It is the issuer's one way to write a
+// LockGrant's status.
 //
 // What it costs the operator, a status write being part of every lock's
 // cycle: a JSON patch of two operations (the status is one atomic field of
@@ -494,7 +495,8 @@ func WriteGrantStatus(ctx context.Context, c client.Client, lg *locksv1.LockGran
 	if err := c.Status().Patch(ctx, written, client.RawPatch(types.JSONPatchType, data)); err != nil {
 		return err
 	}
-	lg.ResourceVersion, lg.Status = written.ResourceVersion, st
+	lg.ResourceVersion = written.ResourceVersion
+	st.DeepCopyInto(&lg.Status) // as sent: times at the precision they had here
 	return nil
 }
 
