@@ -171,3 +171,24 @@ func TestLevel(t *testing.T) {
 		t.Fatalf("level %v wrapped, %v with a field, want %v", lazy.Level(), lazy.With(zap.Int("n", 1)).Level(), eager.Level())
 	}
 }
+
+// A core used directly (as zapcore.NewTee does) writes with its fields and
+// syncs its base.
+func TestCoreUsedDirectly(t *testing.T) {
+	var buf bytes.Buffer
+	enc := zap.NewProductionEncoderConfig()
+	enc.TimeKey = ""
+	core := lazylog.Wrap(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(&buf), zapcore.InfoLevel))
+	if core.With(nil) != core {
+		t.Error("With without fields made a new core")
+	}
+	if err := core.With([]zapcore.Field{zap.String("k", "v")}).Write(zapcore.Entry{Level: zapcore.InfoLevel, Message: "m"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := core.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"level":"info","msg":"m","k":"v"}` + "\n"; buf.String() != want {
+		t.Fatalf("wrote %q, want %q", buf.String(), want)
+	}
+}
