@@ -420,7 +420,7 @@ func (r *IssuerReconciler) writeGrant(ctx context.Context, g grantWrites) error 
 		if w.status != nil {
 			err = WriteGrantStatus(ctx, r.Client, g.lg, *w.status)
 		} else {
-			err = r.patchGrant(ctx, g.lg, removeFinalizer)
+			err = r.removeReleaseFinalizer(ctx, g.lg)
 		}
 		if err != nil {
 			return err
@@ -443,10 +443,6 @@ func soonest(a, b time.Duration) time.Duration {
 	return a
 }
 
-func removeFinalizer(lg *locksv1.LockGrant) {
-	lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
-}
-
 // retryable folds a bookkeeping write's outcome: a LockGrant that is gone
 // needs nothing, a conflict is retried later, anything else is an error.
 func retryable(retry bool, err error) (bool, error) {
@@ -459,14 +455,15 @@ func retryable(retry bool, err error) (bool, error) {
 	return retry, err
 }
 
-// patchGrant applies mutate as a merge patch conditioned on the resourceVersion
-// we read, so a LockGrant is never moved by a decision made from an older view.
-func (r *IssuerReconciler) patchGrant(ctx context.Context, lg *locksv1.LockGrant, mutate func(*locksv1.LockGrant)) error {
+// removeReleaseFinalizer removes the legacy release finalizer from lg, as a
+// merge patch conditioned on the resourceVersion we read, so a LockGrant is
+// never moved by a decision made from an older view.
+func (r *IssuerReconciler) removeReleaseFinalizer(ctx context.Context, lg *locksv1.LockGrant) error {
 	if lg == nil {
 		return nil
 	}
 	orig := lg.DeepCopy()
-	mutate(lg)
+	lg.Finalizers = slices.DeleteFunc(lg.Finalizers, func(f string) bool { return f == locksv1.GrantFinalizer })
 	return r.Patch(ctx, lg, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
 }
 
@@ -534,7 +531,7 @@ func (r *IssuerReconciler) denyOrphans(ctx context.Context, key types.Namespaced
 			r.Recorder.Eventf(lg, nil, corev1.EventTypeWarning, locksv1.ReasonNoSuchResource, "Deny", "FencedResource %s does not exist", key.Name)
 		}
 		if lg.DeletionTimestamp != nil {
-			if err := r.patchGrant(ctx, lg, removeFinalizer); client.IgnoreNotFound(err) != nil {
+			if err := r.removeReleaseFinalizer(ctx, lg); client.IgnoreNotFound(err) != nil {
 				return err
 			}
 		}
